@@ -1,0 +1,444 @@
+"""Memory measurement instruments: what XLA plans, and what a process really uses.
+
+Two complementary views of memory:
+
+* **Planned** (`compiled_memory`, `compile_fn`): XLA's own accounting of a compiled
+  function (`Compiled.memory_analysis()`): bytes of arguments, outputs, temporaries
+  and aliased (donated) buffers. It needs no allocation: arguments may be
+  `jax.ShapeDtypeStruct` pytrees, so a configuration far larger than this machine can
+  be sized in seconds. Note: on CPU, `peak_memory_in_bytes` leaves out temporaries,
+  so we never use it; `total_bytes` is computed here as
+  ``argument + output + temp - alias``.
+* **Measured** (`measure_peak`): runs a workload in a *fresh* Python process (so that
+  one configuration cannot inherit another's allocator state or compile cache) and
+  reads back the peak:
+
+  - on GPU, `device.memory_stats()['peak_bytes_in_use']`, with
+    ``XLA_PYTHON_CLIENT_PREALLOCATE=false`` set before JAX starts (otherwise JAX grabs
+    75% of the card up front and the peak says nothing);
+  - on CPU (where `memory_stats()` is None), the peak heap seen by `memray.Tracker`
+    during the workload, plus the process's peak resident set size
+    (`getrusage(RUSAGE_SELF).ru_maxrss`).
+
+  An out-of-memory failure in the child (``RESOURCE_EXHAUSTED``, ``Out of memory``,
+  `MemoryError`, or the child killed by SIGKILL) comes back as status ``'oom'``; any
+  other failure as ``'error'``; the caller never crashes. With `budget_bytes`, a
+  measured peak above the budget is also reported as ``'oom'``: this is how a smaller
+  card is simulated, and how out-of-memory is exercised on CPU.
+
+The workload is named by an importable ``"module:function"`` string; the function
+receives the JSON-able `kwargs` as keyword arguments and may return any JSON-able
+value, which comes back as `PeakResult.result`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+import jax
+
+__all__ = [
+    "CompiledMemory",
+    "PeakResult",
+    "compile_fn",
+    "compiled_memory",
+    "format_bytes",
+    "measure_peak",
+]
+
+_OOM_MARKERS = ("RESOURCE_EXHAUSTED", "Out of memory", "out of memory", "MemoryError")
+_RESULT_PREFIX = "GCLAB_MEASURE_RESULT="
+
+
+def format_bytes(n: Optional[float], digits: int = 2) -> str:
+    """Formats a byte count with binary units.
+
+    Args:
+      n: number of bytes (may be negative, float or None).
+      digits: digits after the decimal point for units above bytes.
+
+    Returns:
+      A string such as ``'512 B'``, ``'1.50 MiB'`` or ``'3.00 GiB'``; ``'n/a'`` for
+      None or NaN.
+    """
+    if n is None or n != n:  # None or NaN
+        return "n/a"
+    sign = "-" if n < 0 else ""
+    value = float(abs(n))
+    units = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+    i = 0
+    while value >= 1024.0 and i < len(units) - 1:
+        value /= 1024.0
+        i += 1
+    if i == 0:
+        return f"{sign}{int(value)} B"
+    return f"{sign}{value:.{digits}f} {units[i]}"
+
+
+# --------------------------------------------------------------------------- planned
+
+
+@dataclasses.dataclass(frozen=True)
+class CompiledMemory:
+    """XLA's memory plan for one compiled function.
+
+    Attributes:
+      argument_bytes: bytes of all (flattened) arguments.
+      output_bytes: bytes of all outputs.
+      temp_bytes: bytes of XLA's preallocated temporary buffer(s): activations,
+        residuals, gradients in flight, workspace.
+      alias_bytes: bytes of outputs that reuse (donated) argument buffers.
+      generated_code_bytes: size of the generated code.
+      total_bytes: ``argument + output + temp - alias``: what the call needs at once.
+      backend: platform the function was compiled for ('cpu', 'gpu', ...).
+      compile_seconds: wall time of lowering plus compilation.
+    """
+
+    argument_bytes: int
+    output_bytes: int
+    temp_bytes: int
+    alias_bytes: int
+    generated_code_bytes: int
+    total_bytes: int
+    backend: str
+    compile_seconds: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """Returns the fields as a plain dict (JSON-able)."""
+        return dataclasses.asdict(self)
+
+    def __str__(self) -> str:
+        return (
+            f"CompiledMemory(total={format_bytes(self.total_bytes)}, "
+            f"temp={format_bytes(self.temp_bytes)}, "
+            f"args={format_bytes(self.argument_bytes)}, "
+            f"out={format_bytes(self.output_bytes)}, "
+            f"alias={format_bytes(self.alias_bytes)}, backend={self.backend})"
+        )
+
+
+def _compile_timed(
+    fn: Callable[..., Any],
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+    static_argnums: Sequence[int] | int,
+    donate_argnums: Sequence[int] | int,
+    compiler_options: Optional[Mapping[str, Any]],
+) -> tuple[Any, float]:
+    start = time.perf_counter()
+    jitted = jax.jit(fn, static_argnums=static_argnums, donate_argnums=donate_argnums)
+    lowered = jitted.lower(*args, **kwargs)
+    if compiler_options:
+        compiled = lowered.compile(compiler_options=dict(compiler_options))
+    else:
+        compiled = lowered.compile()
+    return compiled, time.perf_counter() - start
+
+
+def compile_fn(
+    fn: Callable[..., Any],
+    *args: Any,
+    static_argnums: Sequence[int] | int = (),
+    donate_argnums: Sequence[int] | int = (),
+    compiler_options: Optional[Mapping[str, Any]] = None,
+    **kwargs: Any,
+) -> Any:
+    """Jits, lowers and compiles `fn` for the given arguments, without running it.
+
+    Args:
+      fn: the function to compile.
+      *args: arrays or `jax.ShapeDtypeStruct` pytrees (static arguments as values).
+      static_argnums: passed to `jax.jit`.
+      donate_argnums: passed to `jax.jit`.
+      compiler_options: optional XLA debug options for this compile only (e.g.
+        ``{'xla_dump_to': dir}``).
+      **kwargs: keyword arguments of `fn` (arrays or shapes).
+
+    Returns:
+      The `jax.stages.Compiled` object (`memory_analysis()`, `as_text()`, ...).
+    """
+    compiled, _ = _compile_timed(
+        fn, args, kwargs, static_argnums, donate_argnums, compiler_options
+    )
+    return compiled
+
+
+def memory_of_compiled(compiled: Any, compile_seconds: float = float("nan")) -> CompiledMemory:
+    """Reads `CompiledMemory` off an already compiled function.
+
+    Args:
+      compiled: a `jax.stages.Compiled`.
+      compile_seconds: the compile time to record, if known.
+
+    Returns:
+      The memory plan.
+
+    Raises:
+      RuntimeError: if the backend offers no memory analysis.
+    """
+    stats = compiled.memory_analysis()
+    if stats is None:
+        raise RuntimeError("this backend returns no memory_analysis()")
+    if isinstance(stats, (list, tuple)):  # one per device on some versions
+        stats = stats[0]
+    arg = int(stats.argument_size_in_bytes)
+    out = int(stats.output_size_in_bytes)
+    tmp = int(stats.temp_size_in_bytes)
+    alias = int(stats.alias_size_in_bytes)
+    code = int(getattr(stats, "generated_code_size_in_bytes", 0) or 0)
+    try:
+        backend = compiled.runtime_executable().client.platform
+    except Exception:  # noqa: BLE001 - the platform name is informative only
+        backend = jax.default_backend()
+    return CompiledMemory(
+        argument_bytes=arg,
+        output_bytes=out,
+        temp_bytes=tmp,
+        alias_bytes=alias,
+        generated_code_bytes=code,
+        total_bytes=arg + out + tmp - alias,
+        backend=str(backend),
+        compile_seconds=float(compile_seconds),
+    )
+
+
+def compiled_memory(
+    fn: Callable[..., Any],
+    *args: Any,
+    static_argnums: Sequence[int] | int = (),
+    donate_argnums: Sequence[int] | int = (),
+    **kwargs: Any,
+) -> CompiledMemory:
+    """XLA's memory plan of `jax.jit(fn)(*args, **kwargs)`, without running it.
+
+    Args:
+      fn: the function to size (typically a training step).
+      *args: arrays or `jax.ShapeDtypeStruct` pytrees; shapes allocate nothing.
+      static_argnums: passed to `jax.jit`.
+      donate_argnums: passed to `jax.jit` (donated bytes show up as `alias_bytes`).
+      **kwargs: keyword arguments of `fn`.
+
+    Returns:
+      A `CompiledMemory`.
+    """
+    compiled, seconds = _compile_timed(
+        fn, args, kwargs, static_argnums, donate_argnums, None
+    )
+    return memory_of_compiled(compiled, seconds)
+
+
+# -------------------------------------------------------------------------- measured
+
+
+@dataclasses.dataclass(frozen=True)
+class PeakResult:
+    """Outcome of one configuration run in a fresh process.
+
+    Attributes:
+      status: 'ok', 'oom' (out of memory, or measured peak above the budget) or
+        'error' (any other failure, including a timeout).
+      message: empty when ok; otherwise what went wrong.
+      backend: JAX backend of the child ('cpu', 'gpu', ...), '' if unknown.
+      device: description of the child's first device, '' if unknown.
+      peak_bytes: GPU: device peak bytes in use; CPU: memray's peak heap during the
+        workload. None if not measured.
+      peak_rss_bytes: peak resident set size of the child process (whole process,
+        including the Python interpreter and JAX itself). None if not measured.
+      wall_seconds: wall time of the workload call in the child (whole child run if
+        the workload did not finish).
+      result: whatever JSON the target returned (None on failure).
+      budget_bytes: the budget the peak was compared against, if any.
+    """
+
+    status: str
+    message: str = ""
+    backend: str = ""
+    device: str = ""
+    peak_bytes: Optional[int] = None
+    peak_rss_bytes: Optional[int] = None
+    wall_seconds: float = float("nan")
+    result: Any = None
+    budget_bytes: Optional[int] = None
+
+    @property
+    def ok(self) -> bool:
+        """True when the run completed within budget."""
+        return self.status == "ok"
+
+    def to_dict(self) -> dict[str, Any]:
+        """Returns the fields as a plain dict."""
+        return dataclasses.asdict(self)
+
+
+def _looks_like_oom(text: str) -> bool:
+    return any(marker in text for marker in _OOM_MARKERS)
+
+
+def _repo_root() -> str:
+    return str(Path(__file__).resolve().parent.parent)
+
+
+def measure_peak(
+    target: str,
+    kwargs: Optional[Mapping[str, Any]] = None,
+    *,
+    timeout: float = 600.0,
+    budget_bytes: Optional[int] = None,
+    env: Optional[Mapping[str, str]] = None,
+    track_heap: bool = True,
+) -> PeakResult:
+    """Runs ``target(**kwargs)`` in a fresh Python process and measures its peak.
+
+    Args:
+      target: importable ``"package.module:function"``; the function builds and runs
+        the workload (compile included) and returns a JSON-able value.
+      kwargs: JSON-able keyword arguments for the target.
+      timeout: seconds before the child is killed (status 'error').
+      budget_bytes: if given, a measured peak (`peak_bytes`) above it makes the status
+        'oom' with a message saying the budget was breached.
+      env: extra environment variables for the child (override the defaults).
+      track_heap: on CPU, trace the heap with memray (slower for allocation-heavy
+        workloads); if False only the peak RSS is measured and compared to the budget.
+
+    Returns:
+      A `PeakResult`; this function does not raise on failures of the child.
+    """
+    if ":" not in target:
+        raise ValueError(f"target must look like 'module:function', got {target!r}")
+    payload = json.dumps(
+        {"target": target, "kwargs": dict(kwargs or {}), "track_heap": bool(track_heap)}
+    )
+    child_env = dict(os.environ)
+    child_env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
+    root = _repo_root()
+    child_env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (root, child_env.get("PYTHONPATH", "")) if p
+    )
+    if env:
+        child_env.update({str(k): str(v) for k, v in env.items()})
+    code = "import sys; from gclab.measure import _worker_main; sys.exit(_worker_main())"
+    start = time.perf_counter()
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", code],
+            input=payload,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=child_env,
+            cwd=root,
+        )
+    except subprocess.TimeoutExpired:
+        return PeakResult(
+            status="error",
+            message=f"timeout after {timeout:g} s",
+            wall_seconds=time.perf_counter() - start,
+            budget_bytes=budget_bytes,
+        )
+    wall = time.perf_counter() - start
+
+    report: Optional[dict[str, Any]] = None
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith(_RESULT_PREFIX):
+            report = json.loads(line[len(_RESULT_PREFIX):])
+            break
+
+    if report is None:
+        tail = (proc.stderr or proc.stdout or "")[-2000:]
+        if proc.returncode == -signal.SIGKILL or _looks_like_oom(tail):
+            status, why = "oom", "child killed (SIGKILL) or out of memory"
+        else:
+            status, why = "error", f"child exited with code {proc.returncode}"
+        return PeakResult(
+            status=status,
+            message=f"{why}: {tail.strip()}" if tail.strip() else why,
+            wall_seconds=wall,
+            budget_bytes=budget_bytes,
+        )
+
+    result = PeakResult(
+        status=report["status"],
+        message=report.get("message", ""),
+        backend=report.get("backend", ""),
+        device=report.get("device", ""),
+        peak_bytes=report.get("peak_bytes"),
+        peak_rss_bytes=report.get("peak_rss_bytes"),
+        wall_seconds=float(report.get("wall_seconds", wall)),
+        result=report.get("result"),
+        budget_bytes=budget_bytes,
+    )
+    if result.status == "ok" and budget_bytes is not None:
+        measured = result.peak_bytes if result.peak_bytes is not None else result.peak_rss_bytes
+        if measured is not None and measured > budget_bytes:
+            result = dataclasses.replace(
+                result,
+                status="oom",
+                message=(
+                    f"budget breached: measured peak {format_bytes(measured)} > "
+                    f"budget {format_bytes(budget_bytes)}"
+                ),
+            )
+    return result
+
+
+def _worker_main() -> int:
+    """Entry point of the child process started by `measure_peak` (reads stdin)."""
+    import importlib
+    import resource
+    import traceback
+
+    spec = json.loads(sys.stdin.read())
+    report: dict[str, Any] = {"status": "error", "message": ""}
+    start = time.perf_counter()
+    tmpdir = tempfile.mkdtemp(prefix="gclab_measure_")
+    try:
+        module_name, func_name = spec["target"].split(":", 1)
+        func = getattr(importlib.import_module(module_name), func_name)
+        device = jax.devices()[0]  # starts the backend before anything is tracked
+        report["backend"] = jax.default_backend()
+        report["device"] = str(getattr(device, "device_kind", device))
+        stats = device.memory_stats()
+        use_memray = stats is None and spec.get("track_heap", True)
+        start = time.perf_counter()
+        if use_memray:
+            import memray
+
+            trace = os.path.join(tmpdir, "trace.bin")
+            with memray.Tracker(trace, native_traces=False, follow_fork=False):
+                value = func(**spec["kwargs"])
+            report["peak_bytes"] = int(memray.FileReader(trace).metadata.peak_memory)
+        else:
+            value = func(**spec["kwargs"])
+            stats = device.memory_stats()
+            if stats is not None:
+                report["peak_bytes"] = int(stats.get("peak_bytes_in_use", 0))
+        report["wall_seconds"] = time.perf_counter() - start
+        report["result"] = json.loads(json.dumps(value, default=str))
+        report["status"] = "ok"
+    except BaseException as exc:  # noqa: BLE001 - every failure must be reported
+        text = f"{type(exc).__name__}: {exc}"
+        report["status"] = (
+            "oom" if isinstance(exc, MemoryError) or _looks_like_oom(text) else "error"
+        )
+        report["message"] = text[:4000]
+        report["traceback"] = traceback.format_exc()[-4000:]
+        report["wall_seconds"] = time.perf_counter() - start
+    finally:
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        # ru_maxrss is in KiB on Linux, bytes on macOS.
+        report["peak_rss_bytes"] = int(rss if sys.platform == "darwin" else rss * 1024)
+        for name in os.listdir(tmpdir):
+            os.remove(os.path.join(tmpdir, name))
+        os.rmdir(tmpdir)
+    sys.stdout.flush()
+    print(_RESULT_PREFIX + json.dumps(report), flush=True)
+    return 0
