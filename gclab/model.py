@@ -1,0 +1,595 @@
+"""The GraphCast network: encoder (grid2mesh), processor (multimesh), decoder (mesh2grid).
+
+Shapes (letters used in the comments below):
+  B  batch (a feature axis: node arrays are `[N, B, C]`, edge arrays `[E, B, C]`)
+  Ng grid nodes, Nm mesh nodes, E edges of the set at hand
+  C  data channels of a grid node (without the 3 structural features), O outputs
+  L  latent width, S processor steps, nb edge blocks, bs edges per block
+
+Haiku owns the parameters only: every block's parameters are created by small modules
+whose names follow the official tree (`{gnn}/{block}_mlp/~/linear_{k}` and
+`{gnn}/{block}_layer_norm`), with the processor's S steps stacked on a leading axis
+(`mesh_gnn/processor_edges_mesh_mlp/~/linear_0` has `w` of shape `[S, 3L, L]`). The
+computation is plain JAX on those arrays, so that the processor is a `lax.scan` over its
+steps and every memory technique of `gclab.techniques.MemoryConfig` (remat of steps or
+groups of steps, whole-stage checkpoints, edge blocks, gather after matmul, bfloat16) is
+a change of how the same function is evaluated, never of what it computes.
+`gclab.params` converts the official flat parameter names to this tree and back.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any, Callable, NamedTuple, Optional, Sequence
+
+import haiku as hk
+import jax
+import jax.numpy as jnp
+import jraph
+import numpy as np
+from jax.ad_checkpoint import checkpoint_name
+
+from gclab.config import STRUCTURAL_EDGE_FEATURES, STRUCTURAL_NODE_FEATURES, ModelConfig
+from gclab.techniques import MemoryConfig
+
+Array = jax.Array
+Params = dict  # one block: {"layers": [(w, b), ...], "norm": (scale, offset) | None}
+
+LAYER_NORM_EPS = 1e-5
+
+
+class GraphInputs(NamedTuple):
+    """Static graph arrays the network consumes (a pytree; jit arguments or constants)."""
+
+    grid_nodes: Array  # [Ng, 3] structural grid-node features
+    mesh_nodes: Array  # [Nm, 3] structural mesh-node features
+    g2m_senders: Array  # [E_g2m] int32 grid-node index
+    g2m_receivers: Array  # [E_g2m] int32 mesh-node index
+    g2m_edges: Array  # [E_g2m, 4]
+    mesh_senders: Array  # [E_mesh] int32
+    mesh_receivers: Array  # [E_mesh] int32
+    mesh_edges: Array  # [E_mesh, 4]
+    m2g_senders: Array  # [E_m2g = 3 Ng] int32 mesh-node index
+    m2g_receivers: Array  # [E_m2g] int32 grid-node index, == repeat(arange(Ng), 3)
+    m2g_edges: Array  # [E_m2g, 4]
+
+
+def graph_inputs_from_arrays(
+    grid_node_features, mesh_node_features,
+    g2m_senders, g2m_receivers, g2m_features,
+    mesh_senders, mesh_receivers, mesh_features,
+    m2g_senders, m2g_receivers, m2g_features,
+) -> GraphInputs:
+    """Checks raw graph arrays and packs them as `GraphInputs` (float32 / int32).
+
+    Raises:
+      ValueError: shapes that do not fit together, indices out of range, or mesh2grid
+        edges not grouped as three per grid node in grid-node order.
+    """
+    gn = np.asarray(grid_node_features, np.float32)
+    mn = np.asarray(mesh_node_features, np.float32)
+    ng, nm = gn.shape[0], mn.shape[0]
+    for name, a in (("grid_node_features", gn), ("mesh_node_features", mn)):
+        if a.ndim != 2 or a.shape[1] != STRUCTURAL_NODE_FEATURES:
+            raise ValueError(f"{name} must have shape [N, {STRUCTURAL_NODE_FEATURES}], "
+                             f"got {a.shape}")
+    sets = []
+    for name, s, r, f, n_send, n_recv in (
+            ("grid2mesh", g2m_senders, g2m_receivers, g2m_features, ng, nm),
+            ("mesh", mesh_senders, mesh_receivers, mesh_features, nm, nm),
+            ("mesh2grid", m2g_senders, m2g_receivers, m2g_features, nm, ng)):
+        s = np.asarray(s)
+        r = np.asarray(r)
+        f = np.asarray(f, np.float32)
+        if s.ndim != 1 or s.shape != r.shape or f.shape != (s.shape[0], STRUCTURAL_EDGE_FEATURES):
+            raise ValueError(
+                f"{name} edges: senders {s.shape}, receivers {r.shape} and features {f.shape} "
+                f"must be [E], [E] and [E, {STRUCTURAL_EDGE_FEATURES}]")
+        if s.size and (s.min() < 0 or s.max() >= n_send or r.min() < 0 or r.max() >= n_recv):
+            raise ValueError(f"{name} edges: indices out of range (senders < {n_send}, "
+                             f"receivers < {n_recv})")
+        sets += [s.astype(np.int32), r.astype(np.int32), f]
+    if not np.array_equal(sets[7], np.repeat(np.arange(ng, dtype=np.int32), 3)):
+        raise ValueError("mesh2grid edges must be three per grid node, grouped by grid node "
+                         "in ascending order (receivers == repeat(arange(Ng), 3))")
+    return GraphInputs(jnp.asarray(gn), jnp.asarray(mn), *map(jnp.asarray, sets))
+
+
+def graph_inputs(graphs) -> GraphInputs:
+    """`GraphInputs` from a `gclab.graphs.Graphs`."""
+    return graph_inputs_from_arrays(
+        graphs.grid_node_features, graphs.mesh_node_features,
+        graphs.grid2mesh.senders, graphs.grid2mesh.receivers, graphs.grid2mesh.features,
+        graphs.mesh.senders, graphs.mesh.receivers, graphs.mesh.features,
+        graphs.mesh2grid.senders, graphs.mesh2grid.receivers, graphs.mesh2grid.features)
+
+
+def graph_input_shapes(num_grid_nodes: int, num_mesh_nodes: int, num_g2m_edges: int,
+                       num_mesh_edges: int) -> GraphInputs:
+    """`GraphInputs` as `jax.ShapeDtypeStruct`s (for compiling from shapes alone)."""
+    f32, i32 = jnp.float32, jnp.int32
+    sds = jax.ShapeDtypeStruct
+    e_m2g = 3 * num_grid_nodes
+    return GraphInputs(
+        sds((num_grid_nodes, 3), f32), sds((num_mesh_nodes, 3), f32),
+        sds((num_g2m_edges,), i32), sds((num_g2m_edges,), i32), sds((num_g2m_edges, 4), f32),
+        sds((num_mesh_edges,), i32), sds((num_mesh_edges,), i32), sds((num_mesh_edges, 4), f32),
+        sds((e_m2g,), i32), sds((e_m2g,), i32), sds((e_m2g, 4), f32))
+
+
+# ----------------------------------------------------------------------------------------
+# Parameters (Haiku modules with the official names).
+
+
+class _Linear(hk.Module):
+    """`w` [.., in, out] and `b` [.., out], Haiku's default initialisation."""
+
+    def __call__(self, in_dim: int, out_dim: int, stack: Optional[int]):
+        lead = () if stack is None else (stack,)
+        init = hk.initializers.TruncatedNormal(stddev=1.0 / math.sqrt(in_dim))
+        w = hk.get_parameter("w", lead + (in_dim, out_dim), init=init)
+        b = hk.get_parameter("b", lead + (out_dim,), init=jnp.zeros)
+        return w, b
+
+
+class _MLPParams(hk.Module):
+    def __init__(self, sizes: Sequence[int], stack: Optional[int], name: str):
+        super().__init__(name=name)
+        self._sizes = tuple(sizes)
+        self._stack = stack
+        self._layers = [_Linear(name=f"linear_{k}") for k in range(len(sizes) - 1)]
+
+    def __call__(self):
+        pairs = zip(self._sizes[:-1], self._sizes[1:])
+        return [lin(i, o, self._stack) for lin, (i, o) in zip(self._layers, pairs)]
+
+
+class _LayerNormParams(hk.Module):
+    def __call__(self, size: int, stack: Optional[int]):
+        lead = () if stack is None else (stack,)
+        scale = hk.get_parameter("scale", lead + (size,), init=jnp.ones)
+        offset = hk.get_parameter("offset", lead + (size,), init=jnp.zeros)
+        return scale, offset
+
+
+def _block_params(block: str, in_dim: int, cfg: ModelConfig, out_dim: Optional[int] = None,
+                  layer_norm: bool = True, stack: Optional[int] = None) -> Params:
+    latent = cfg.latent_size
+    sizes = [in_dim] + [latent] * cfg.hidden_layers + [out_dim or latent]
+    layers = _MLPParams(sizes, stack, name=f"{block}_mlp")()
+    norm = _LayerNormParams(name=f"{block}_layer_norm")(sizes[-1], stack) if layer_norm else None
+    return {"layers": layers, "norm": norm}
+
+
+class _GNNParams(hk.Module):
+    """Creates the parameters of one GNN from a list of block specs."""
+
+    def __call__(self, specs):
+        return {block: _block_params(block, **kw) for block, kw in specs}
+
+
+def _all_params(cfg: ModelConfig, data_channels: int, output_channels: int) -> dict:
+    """Every parameter of the network, grouped by GNN and block."""
+    L, S, F = cfg.latent_size, cfg.processor_steps, data_channels + STRUCTURAL_NODE_FEATURES
+    e = STRUCTURAL_EDGE_FEATURES
+    enc = _GNNParams(name="grid2mesh_gnn")([
+        ("encoder_nodes_grid_nodes", dict(in_dim=F, cfg=cfg)),
+        ("encoder_nodes_mesh_nodes", dict(in_dim=F, cfg=cfg)),
+        ("encoder_edges_grid2mesh", dict(in_dim=e, cfg=cfg)),
+        ("processor_edges_0_grid2mesh", dict(in_dim=3 * L, cfg=cfg)),
+        ("processor_nodes_0_mesh_nodes", dict(in_dim=2 * L, cfg=cfg)),
+        ("processor_nodes_0_grid_nodes", dict(in_dim=L, cfg=cfg)),
+    ])
+    proc = _GNNParams(name="mesh_gnn")([
+        ("encoder_edges_mesh", dict(in_dim=e, cfg=cfg)),
+        ("processor_edges_mesh", dict(in_dim=3 * L, cfg=cfg, stack=S)),
+        ("processor_nodes_mesh_nodes", dict(in_dim=2 * L, cfg=cfg, stack=S)),
+    ])
+    dec = _GNNParams(name="mesh2grid_gnn")([
+        ("encoder_edges_mesh2grid", dict(in_dim=e, cfg=cfg)),
+        ("processor_edges_0_mesh2grid", dict(in_dim=3 * L, cfg=cfg)),
+        ("processor_nodes_0_grid_nodes", dict(in_dim=2 * L, cfg=cfg)),
+        ("processor_nodes_0_mesh_nodes", dict(in_dim=L, cfg=cfg)),
+        ("decoder_nodes_grid_nodes", dict(in_dim=L, cfg=cfg, out_dim=output_channels,
+                                          layer_norm=False)),
+    ])
+    return {"encoder": enc, "processor": proc, "decoder": dec}
+
+
+# ----------------------------------------------------------------------------------------
+# Pure building blocks.
+
+
+def layer_norm(x: Array, scale: Array, offset: Array) -> Array:
+    """LayerNorm over the last axis (biased variance, eps 1e-5); statistics in float32."""
+    dtype = x.dtype
+    x = x.astype(jnp.promote_types(dtype, jnp.float32))
+    mean = jnp.mean(x, axis=-1, keepdims=True)
+    var = jnp.var(x, axis=-1, keepdims=True)
+    y = (x - mean) * (scale.astype(x.dtype) * jax.lax.rsqrt(var + LAYER_NORM_EPS))
+    return (y + offset.astype(x.dtype)).astype(dtype)
+
+
+def _hidden(p: Params, h: Array) -> Array:
+    """Finishes an MLP whose first layer's pre-activation is `h`: swish, more layers, norm."""
+    for w, b in p["layers"][1:]:
+        h = jax.nn.swish(h) @ w + b
+    if p["norm"] is not None:
+        h = layer_norm(h, *p["norm"])
+    return h
+
+
+def mlp(p: Params, x: Array) -> Array:
+    """MLP (+ LayerNorm) on the last axis."""
+    w, b = p["layers"][0]
+    return _hidden(p, x @ w + b)
+
+
+def mlp_concat(p: Params, parts: Sequence[Array]) -> Array:
+    """MLP on the concatenation of `parts` along the last axis."""
+    return mlp(p, jnp.concatenate(parts, axis=-1))
+
+
+def _sum_incoming(messages: Array, receivers: Array, num_nodes: int, float32: bool) -> Array:
+    """Sum of incoming messages per receiver node, optionally accumulated in float32."""
+    dtype = messages.dtype
+    if float32:
+        messages = messages.astype(jnp.float32)
+    return jraph.segment_sum(messages, receivers, num_nodes).astype(dtype)  # [N, B, L]
+
+
+@jax.tree_util.register_pytree_node_class
+class EdgeMLP:
+    """An edge MLP ready to run on any subset of edges (a pytree; `projected` is static).
+
+    With `gather_after_matmul`, the first layer's sender and receiver parts were applied
+    to the node latents once (`senders_latent` holds `v_s @ W_s` [Ns, B, L],
+    `receivers_latent` holds `v_r @ W_r` [Nr, B, L]); otherwise they hold the node latents,
+    which are gathered and concatenated per edge.
+    """
+
+    def __init__(self, params: Params, senders_latent: Array, receivers_latent: Array,
+                 projected: bool):
+        self.params = params
+        self.senders_latent = senders_latent  # [Ns, B, L]
+        self.receivers_latent = receivers_latent  # [Nr, B, L]
+        self.projected = projected
+
+    def tree_flatten(self):
+        return (self.params, self.senders_latent, self.receivers_latent), self.projected
+
+    @classmethod
+    def tree_unflatten(cls, projected, children):
+        return cls(*children, projected)
+
+    @classmethod
+    def build(cls, p: Params, senders_latent: Array, receivers_latent: Array,
+              gather_after_matmul: bool) -> "EdgeMLP":
+        if not gather_after_matmul:
+            return cls(p, senders_latent, receivers_latent, False)
+        w = p["layers"][0][0]  # [3L, L] rows: edge, sender, receiver
+        L = senders_latent.shape[-1]
+        return cls(p, senders_latent @ w[L:2 * L], receivers_latent @ w[2 * L:], True)
+
+    def __call__(self, edges: Array, senders: Array, receivers: Array) -> Array:
+        """New messages for `edges` [e, B, L] with index arrays [e]."""
+        if not self.projected:
+            return mlp_concat(self.params, [edges, self.senders_latent[senders],
+                                            self.receivers_latent[receivers]])
+        w, b = self.params["layers"][0]
+        L = edges.shape[-1]
+        h = edges @ w[:L] + self.senders_latent[senders] + self.receivers_latent[receivers] + b
+        return _hidden(self.params, h)  # [e, B, L]
+
+
+def _embed_edges(p: Params, features: Array, batch: int, dtype) -> Array:
+    """Edge embedding [E, B, L]; the features are batch-independent, so embed once."""
+    e = mlp(p, features.astype(dtype))  # [E, L]
+    return jnp.broadcast_to(e[:, None, :], (e.shape[0], batch, e.shape[1]))
+
+
+def _blocks(x: Array, block: int, fill=0) -> Array:
+    """Pads axis 0 to a multiple of `block` and reshapes to [nb, block, ...]."""
+    n = x.shape[0]
+    nb = -(-n // block)
+    pad = [(0, nb * block - n)] + [(0, 0)] * (x.ndim - 1)
+    return jnp.pad(x, pad, constant_values=fill).reshape((nb, block) + x.shape[1:])
+
+
+def _remat_policy(name: str):
+    cp = jax.checkpoint_policies
+    return {
+        "nothing": cp.nothing_saveable,
+        "dots": cp.dots_with_no_batch_dims_saveable,
+        "aggregated": cp.save_only_these_names("aggregated_messages"),
+        "node-latents": cp.save_only_these_names("node_latents"),
+    }[name]
+
+
+# ----------------------------------------------------------------------------------------
+# The three GNNs as pure functions of their parameters.
+
+
+def encoder(P: dict, graph: GraphInputs, inputs: Array, mem: MemoryConfig):
+    """grid2mesh GNN: embeds grid/mesh nodes and g2m edges, one interaction step.
+
+    Returns grid latents [Ng, B, L] (they skip the processor) and mesh latents [Nm, B, L].
+    """
+    dtype = inputs.dtype
+    ng, batch, channels = inputs.shape
+    nm = graph.mesh_nodes.shape[0]
+    grid_feat = jnp.broadcast_to(graph.grid_nodes.astype(dtype)[:, None], (ng, batch, 3))
+    grid = mlp_concat(P["encoder_nodes_grid_nodes"], [inputs, grid_feat])  # [Ng, B, L]
+    mesh_in = jnp.concatenate([jnp.zeros((nm, channels), dtype),
+                               graph.mesh_nodes.astype(dtype)], axis=-1)  # [Nm, C+3]
+    mesh = mlp(P["encoder_nodes_mesh_nodes"], mesh_in)  # [Nm, L], batch-independent
+    mesh = jnp.broadcast_to(mesh[:, None], (nm, batch, mesh.shape[-1]))  # [Nm, B, L]
+
+    edge_mlp = EdgeMLP.build(P["processor_edges_0_grid2mesh"], grid, mesh,
+                             mem.gather_after_matmul)
+    if mem.edge_block_size is None:
+        edges = _embed_edges(P["encoder_edges_grid2mesh"], graph.g2m_edges, batch, dtype)
+        messages = edge_mlp(edges, graph.g2m_senders, graph.g2m_receivers)  # [E, B, L]
+        # The encoder always sums in float32 (many grid nodes per mesh node near the poles).
+        incoming = _sum_incoming(messages, graph.g2m_receivers, nm, True)  # [Nm, B, L]
+    else:
+        incoming = _blocked_encoder_sum(P, graph, edge_mlp, batch, dtype, mem)
+    mesh = mesh + mlp_concat(P["processor_nodes_0_mesh_nodes"], [mesh, incoming])
+    grid = grid + mlp(P["processor_nodes_0_grid_nodes"], grid)
+    return grid, mesh
+
+
+def _blocked_encoder_sum(P, graph, edge_mlp, batch, dtype, mem) -> Array:
+    """Sum of incoming g2m messages, computed over blocks of edges, each checkpointed."""
+    nm = graph.mesh_nodes.shape[0]
+    bs = mem.edge_block_size
+    n_edges = graph.g2m_senders.shape[0]
+    valid = _blocks(jnp.ones((n_edges,), dtype), bs)  # [nb, bs]
+    xs = (_blocks(graph.g2m_senders, bs), _blocks(graph.g2m_receivers, bs),
+          _blocks(graph.g2m_edges, bs), valid)
+
+    @jax.checkpoint
+    def block_messages(edge_mlp, senders, receivers, features, valid):
+        edges = _embed_edges(P["encoder_edges_grid2mesh"], features, batch, dtype)
+        return edge_mlp(edges, senders, receivers) * valid[:, None, None]  # [bs, B, L]
+
+    def body(total, x):
+        messages = block_messages(edge_mlp, *x)
+        return total + _sum_incoming(messages.astype(jnp.float32), x[1], nm, True), None
+
+    total0 = jnp.zeros((nm, batch, edge_mlp.params["norm"][0].shape[-1]), jnp.float32)
+    total, _ = jax.lax.scan(body, total0, xs)
+    return total.astype(dtype)  # [Nm, B, L]
+
+
+def processor(P: dict, graph: GraphInputs, mesh: Array, mem: MemoryConfig) -> Array:
+    """Mesh GNN: embeds multimesh edges, then S unshared interaction steps (a scan)."""
+    nm, batch, _ = mesh.shape
+    dtype = mesh.dtype
+    senders, receivers = graph.mesh_senders, graph.mesh_receivers
+    edges = _embed_edges(P["encoder_edges_mesh"], graph.mesh_edges, batch, dtype)  # [E, B, L]
+    stacked = {"edges": P["processor_edges_mesh"], "nodes": P["processor_nodes_mesh_nodes"]}
+    f32_sum = mem.float32_aggregation
+    blocked = mem.processor_edge_blocks
+    if blocked:
+        bs = mem.edge_block_size
+        valid = _blocks(jnp.ones(senders.shape, dtype), bs)  # [nb, bs]
+        senders, receivers = _blocks(senders, bs), _blocks(receivers, bs)  # [nb, bs]
+        edges = _blocks(edges, bs)  # [nb, bs, B, L]
+
+    def step(carry, p):
+        mesh, edges = carry
+        edge_mlp = EdgeMLP.build(p["edges"], mesh, mesh, mem.gather_after_matmul)
+        if not blocked:
+            messages = edge_mlp(edges, senders, receivers)  # [E, B, L]
+            incoming = _sum_incoming(messages, receivers, nm, f32_sum)  # [Nm, B, L]
+            edges = edges + messages
+        else:
+            edges, incoming = _blocked_edge_update(edge_mlp, edges, senders, receivers, valid,
+                                                   nm, f32_sum)
+        incoming = checkpoint_name(incoming, "aggregated_messages")
+        mesh = mesh + mlp_concat(p["nodes"], [mesh, incoming])  # [Nm, B, L]
+        mesh = checkpoint_name(mesh, "node_latents")
+        return (mesh, edges), None
+
+    (mesh, _), _ = _scan_steps(step, (mesh, edges), stacked, mem)
+    return mesh
+
+
+def _blocked_edge_update(edge_mlp, edges, senders, receivers, valid, nm, f32_sum):
+    """One processor edge update over blocks of edges: new edges, sum of incoming messages."""
+
+    @jax.checkpoint
+    def block_messages(edge_mlp, edges, senders, receivers, valid):
+        return edge_mlp(edges, senders, receivers) * valid[:, None, None]  # [bs, B, L]
+
+    def body(total, x):
+        edges, senders, receivers, valid = x
+        messages = block_messages(edge_mlp, edges, senders, receivers, valid)
+        total = total + _sum_incoming(messages, receivers, nm, f32_sum).astype(total.dtype)
+        return total, edges + messages
+
+    batch, latent = edges.shape[2:]
+    acc_dtype = jnp.float32 if f32_sum else edges.dtype
+    total, edges = jax.lax.scan(body, jnp.zeros((nm, batch, latent), acc_dtype),
+                                (edges, senders, receivers, valid))
+    return edges, total.astype(edges.dtype)  # [nb, bs, B, L], [Nm, B, L]
+
+
+def _scan_steps(step: Callable, carry, stacked: dict, mem: MemoryConfig):
+    """Runs S stacked steps as scans, with the processor remat of `mem`."""
+    S = jax.tree_util.tree_leaves(stacked)[0].shape[0]
+    policy = _remat_policy(mem.remat_policy)
+    ckpt = functools.partial(jax.checkpoint, policy=policy)
+    kind = mem.processor_remat
+
+    def take(lo, hi):
+        return jax.tree_util.tree_map(lambda a: a[lo:hi], stacked)
+
+    if kind == "none":
+        return jax.lax.scan(step, carry, stacked)
+    if kind == "step":
+        return jax.lax.scan(ckpt(step), carry, stacked)
+    if kind == "ratio":
+        n = mem.checkpointed_steps(S)
+        if n:
+            carry, _ = jax.lax.scan(ckpt(step), carry, take(0, n))
+        if n < S:
+            carry, _ = jax.lax.scan(step, carry, take(n, S))
+        return carry, None
+    # every:k / nested:k: groups of k scanned steps, each group under one checkpoint.
+    k = min(mem.remat_group_size, S)
+    inner = ckpt(step) if kind == "nested" else step
+
+    def group(carry, p):
+        return jax.lax.scan(inner, carry, p)[0], None
+
+    full = (S // k) * k
+    if full:
+        grouped = jax.tree_util.tree_map(lambda a: a[:full].reshape((S // k, k) + a.shape[1:]),
+                                         stacked)
+        carry, _ = jax.lax.scan(ckpt(group), carry, grouped)
+    if full < S:
+        carry, _ = ckpt(group)(carry, take(full, S))
+    return carry, None
+
+
+def decoder(P: dict, graph: GraphInputs, grid: Array, mesh: Array,
+            mem: MemoryConfig) -> Array:
+    """mesh2grid GNN: embeds m2g edges, one interaction step, then the output MLP.
+
+    Returns [Ng, B, O]. The mesh-node update of this GNN is computed (its parameters
+    exist, as in the official model) and discarded: it has no effect on the outputs.
+    """
+    ng, batch, _ = grid.shape
+    dtype = grid.dtype
+    f32_sum = mem.float32_aggregation
+    _ = mesh + mlp(P["processor_nodes_0_mesh_nodes"], mesh)  # unused, as in the official code
+    if mem.edge_block_size is None:
+        edge_mlp = EdgeMLP.build(P["processor_edges_0_mesh2grid"], mesh, grid,
+                                 mem.gather_after_matmul)
+        edges = _embed_edges(P["encoder_edges_mesh2grid"], graph.m2g_edges, batch, dtype)
+        messages = edge_mlp(edges, graph.m2g_senders, graph.m2g_receivers)  # [3Ng, B, L]
+        incoming = _sum_incoming(messages, graph.m2g_receivers, ng, f32_sum)  # [Ng, B, L]
+        grid = grid + mlp_concat(P["processor_nodes_0_grid_nodes"], [grid, incoming])
+        return mlp(P["decoder_nodes_grid_nodes"], grid)  # [Ng, B, O]
+    return _blocked_decoder(P, graph, grid, mesh, mem)
+
+
+def _blocked_decoder(P, graph, grid, mesh, mem) -> Array:
+    """The decoder over blocks of grid nodes, end to end, each block checkpointed.
+
+    mesh2grid edges come three per grid node in grid-node order, so a block of `bn` grid
+    nodes owns exactly the edges `[3 g0, 3 (g0 + bn))`.
+    """
+    ng, batch, _ = grid.shape
+    dtype = grid.dtype
+    bn = max(1, mem.edge_block_size // 3)  # grid nodes per block
+    f32_sum = mem.float32_aggregation
+    edge_p = P["processor_edges_0_mesh2grid"]
+    if mem.gather_after_matmul:
+        L = mesh.shape[-1]
+        mesh_side = mesh @ edge_p["layers"][0][0][L:2 * L]  # [Nm, B, L]
+    else:
+        mesh_side = mesh
+    xs = (_blocks(grid, bn), _blocks(graph.m2g_senders, 3 * bn),
+          _blocks(graph.m2g_edges, 3 * bn))
+    local_receivers = jnp.repeat(jnp.arange(bn, dtype=jnp.int32), 3)  # [3 bn]
+
+    @jax.checkpoint
+    def block(mesh_side, grid, senders, features):
+        if mem.gather_after_matmul:
+            L = grid.shape[-1]
+            edge_mlp = EdgeMLP(edge_p, mesh_side, grid @ edge_p["layers"][0][0][2 * L:], True)
+        else:
+            edge_mlp = EdgeMLP(edge_p, mesh_side, grid, False)
+        edges = _embed_edges(P["encoder_edges_mesh2grid"], features, batch, dtype)
+        messages = edge_mlp(edges, senders, local_receivers)  # [3 bn, B, L]
+        incoming = _sum_incoming(messages, local_receivers, bn, f32_sum)  # [bn, B, L]
+        grid = grid + mlp_concat(P["processor_nodes_0_grid_nodes"], [grid, incoming])
+        return mlp(P["decoder_nodes_grid_nodes"], grid)  # [bn, B, O]
+
+    _, out = jax.lax.scan(lambda c, x: (c, block(mesh_side, *x)), None, xs)
+    return out.reshape((-1,) + out.shape[2:])[:ng]  # [Ng, B, O]
+
+
+# ----------------------------------------------------------------------------------------
+# The network.
+
+
+def _cast_params(tree: Any, dtype) -> Any:
+    return jax.tree_util.tree_map(lambda a: a.astype(dtype), tree)
+
+
+def graphcast_forward(P: dict, graph: GraphInputs, inputs: Array, mem: MemoryConfig) -> Array:
+    """The whole network on grouped parameters `P` (see `_all_params`). [Ng,B,C] -> [Ng,B,O]."""
+    dtype = jnp.bfloat16 if mem.precision == "bf16" else jnp.float32
+    P = _cast_params(P, dtype)  # parameters stay float32; gradients come back float32
+    inputs = inputs.astype(dtype)
+
+    def run_encoder(P_enc, graph, inputs):
+        with jax.named_scope("encoder"):
+            return encoder(P_enc, graph, inputs, mem)
+
+    def run_decoder(P_dec, graph, grid, mesh):
+        with jax.named_scope("decoder"):
+            return decoder(P_dec, graph, grid, mesh, mem)
+
+    if mem.checkpoint_encoder:
+        run_encoder = jax.checkpoint(run_encoder)
+    if mem.checkpoint_decoder:
+        run_decoder = jax.checkpoint(run_decoder)
+    grid, mesh = run_encoder(P["encoder"], graph, inputs)
+    with jax.named_scope("processor"):
+        mesh = processor(P["processor"], graph, mesh, mem)
+    out = run_decoder(P["decoder"], graph, grid, mesh)
+    return out.astype(jnp.float32)
+
+
+def make_network(model: ModelConfig, data_channels: int, output_channels: int,
+                 memory: Optional[MemoryConfig] = None) -> hk.Transformed:
+    """The GraphCast network as a Haiku transform without apply RNG.
+
+    Args:
+      model: geometry and network config (only the network fields are used here; the
+        graphs come in as `GraphInputs`).
+      data_channels: C, data channels per grid node (the 3 structural features are
+        appended by the network).
+      output_channels: O.
+      memory: memory techniques (default: none).
+
+    Returns:
+      `net` with `net.init(rng, graph, inputs)` and `net.apply(params, graph, inputs)`,
+      `inputs` [Ng, B, C] -> outputs [Ng, B, O] float32.
+    """
+    for name, v in (("data_channels", data_channels), ("output_channels", output_channels)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+            raise ValueError(f"{name}={v!r} is invalid: an integer >= 1.")
+    mem = memory or MemoryConfig()
+
+    def forward(graph: GraphInputs, inputs: Array) -> Array:
+        if inputs.ndim != 3 or inputs.shape[-1] != data_channels:
+            raise ValueError(f"inputs must have shape [Ng, B, {data_channels}], "
+                             f"got {tuple(inputs.shape)}")
+        if inputs.shape[0] != graph.grid_nodes.shape[0]:
+            raise ValueError(f"inputs have {inputs.shape[0]} grid nodes, the graph has "
+                             f"{graph.grid_nodes.shape[0]}")
+        P = _all_params(model, data_channels, output_channels)
+        return graphcast_forward(P, graph, inputs, mem)
+
+    return hk.without_apply_rng(hk.transform(forward))
+
+
+def count_params(params) -> int:
+    """Number of scalars in a parameter tree."""
+    return int(sum(np.prod(a.shape) for a in jax.tree_util.tree_leaves(params)))
+
+
+def param_shapes(model: ModelConfig, data_channels: int, output_channels: int):
+    """Parameter shapes (`jax.ShapeDtypeStruct`) without allocating anything."""
+    net = make_network(model, data_channels, output_channels)
+    ng, nm = 2, 2  # parameter shapes do not depend on the graph
+    graph = graph_input_shapes(ng, nm, 1, 1)
+    inputs = jax.ShapeDtypeStruct((ng, 1, data_channels), jnp.float32)
+    return jax.eval_shape(net.init, jax.random.PRNGKey(0), graph, inputs)
