@@ -35,14 +35,16 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any
 
 import jax
 
@@ -59,7 +61,7 @@ _OOM_MARKERS = ("RESOURCE_EXHAUSTED", "Out of memory", "out of memory", "MemoryE
 _RESULT_PREFIX = "GCLAB_MEASURE_RESULT="
 
 
-def format_bytes(n: Optional[float], digits: int = 2) -> str:
+def format_bytes(n: float | None, digits: int = 2) -> str:
     """Formats a byte count with binary units.
 
     Args:
@@ -70,7 +72,7 @@ def format_bytes(n: Optional[float], digits: int = 2) -> str:
       A string such as ``'512 B'``, ``'1.50 MiB'`` or ``'3.00 GiB'``; ``'n/a'`` for
       None or NaN.
     """
-    if n is None or n != n:  # None or NaN
+    if n is None or math.isnan(n):
         return "n/a"
     sign = "-" if n < 0 else ""
     value = float(abs(n))
@@ -132,7 +134,7 @@ def _compile_timed(
     kwargs: Mapping[str, Any],
     static_argnums: Sequence[int] | int,
     donate_argnums: Sequence[int] | int,
-    compiler_options: Optional[Mapping[str, Any]],
+    compiler_options: Mapping[str, Any] | None,
 ) -> tuple[Any, float]:
     start = time.perf_counter()
     jitted = jax.jit(fn, static_argnums=static_argnums, donate_argnums=donate_argnums)
@@ -149,7 +151,7 @@ def compile_fn(
     *args: Any,
     static_argnums: Sequence[int] | int = (),
     donate_argnums: Sequence[int] | int = (),
-    compiler_options: Optional[Mapping[str, Any]] = None,
+    compiler_options: Mapping[str, Any] | None = None,
     **kwargs: Any,
 ) -> Any:
     """Jits, lowers and compiles `fn` for the given arguments, without running it.
@@ -263,11 +265,11 @@ class PeakResult:
     message: str = ""
     backend: str = ""
     device: str = ""
-    peak_bytes: Optional[int] = None
-    peak_rss_bytes: Optional[int] = None
+    peak_bytes: int | None = None
+    peak_rss_bytes: int | None = None
     wall_seconds: float = float("nan")
     result: Any = None
-    budget_bytes: Optional[int] = None
+    budget_bytes: int | None = None
 
     @property
     def ok(self) -> bool:
@@ -289,11 +291,11 @@ def _repo_root() -> str:
 
 def measure_peak(
     target: str,
-    kwargs: Optional[Mapping[str, Any]] = None,
+    kwargs: Mapping[str, Any] | None = None,
     *,
     timeout: float = 600.0,
-    budget_bytes: Optional[int] = None,
-    env: Optional[Mapping[str, str]] = None,
+    budget_bytes: int | None = None,
+    env: Mapping[str, str] | None = None,
     track_heap: bool = True,
 ) -> PeakResult:
     """Runs ``target(**kwargs)`` in a fresh Python process and measures its peak.
@@ -330,6 +332,7 @@ def measure_peak(
     try:
         proc = subprocess.run(
             [sys.executable, "-c", code],
+            check=False,
             input=payload,
             capture_output=True,
             text=True,
@@ -346,7 +349,7 @@ def measure_peak(
         )
     wall = time.perf_counter() - start
 
-    report: Optional[dict[str, Any]] = None
+    report: dict[str, Any] | None = None
     for line in reversed(proc.stdout.splitlines()):
         if line.startswith(_RESULT_PREFIX):
             report = json.loads(line[len(_RESULT_PREFIX):])
