@@ -1,0 +1,106 @@
+"""Benchmark: build the 0.25 deg / 6-split GraphCast graphs from scratch, then from cache.
+
+Each build runs in a fresh Python process (so peak RSS is that of the build alone),
+against a fresh temporary cache folder. Writes ``benchmarks/results/graph_build.json``.
+
+Usage:
+  python benchmarks/graph_build.py [--resolution 0.25] [--splits 6]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results" / "graph_build.json"
+
+# Runs in the child process: one build_graphs call, timed, with peak RSS.
+_CHILD = r"""
+import json, resource, sys, time
+t0 = time.perf_counter()
+from gclab.graphs import build_graphs
+import_s = time.perf_counter() - t0
+res, splits, cache_dir = float(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+t0 = time.perf_counter()
+g = build_graphs(res, splits, cache_dir=cache_dir)
+seconds = time.perf_counter() - t0
+rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+print(json.dumps({"seconds": seconds, "import_seconds": import_s,
+                  "peak_rss_bytes": rss * 1024, "counts": g.counts(),
+                  "query_radius": g.query_radius,
+                  "normalization": {n: getattr(g, n).normalization
+                                    for n in ("grid2mesh", "mesh", "mesh2grid")}}))
+"""
+
+
+def _run_child(resolution: float, splits: int, cache_dir: str) -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    out = subprocess.run(
+        [sys.executable, "-c", _CHILD, str(resolution), str(splits), cache_dir],
+        check=True, capture_output=True, text=True, env=env, cwd=str(ROOT))
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--resolution", type=float, default=0.25)
+    parser.add_argument("--splits", type=int, default=6)
+    parser.add_argument("--output", type=Path, default=RESULTS)
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory(prefix="gclab-graph-bench-") as cache_dir:
+        first = _run_child(args.resolution, args.splits, cache_dir)
+        cache_files = sorted(Path(cache_dir).glob("*.npz"))
+        cache_bytes = sum(p.stat().st_size for p in cache_files)
+        second = _run_child(args.resolution, args.splits, cache_dir)
+    assert first["counts"] == second["counts"]
+
+    gib = 2.0**30
+    result = {
+        "benchmark": "graph_build",
+        "resolution": args.resolution,
+        "mesh_splits": args.splits,
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "hardware": {
+            "platform": platform.platform(),
+            "machine": platform.machine(),
+            "processor": platform.processor(),
+            "cpu_count": os.cpu_count(),
+            "python": platform.python_version(),
+        },
+        "first_build": {
+            "seconds": round(first["seconds"], 3),
+            "peak_rss_bytes": first["peak_rss_bytes"],
+            "peak_rss_gib": round(first["peak_rss_bytes"] / gib, 3),
+            "note": "fresh process, empty cache folder; includes writing the cache file",
+        },
+        "cached_build": {
+            "seconds": round(second["seconds"], 3),
+            "peak_rss_bytes": second["peak_rss_bytes"],
+            "peak_rss_gib": round(second["peak_rss_bytes"] / gib, 3),
+            "cache_file_bytes": cache_bytes,
+        },
+        "counts": first["counts"],
+        "query_radius": first["query_radius"],
+        "edge_normalization": first["normalization"],
+        "targets": {"first_build_seconds": 20.0, "first_build_peak_rss_gib": 3.0},
+        "official_reference": {"first_build_seconds": 42.0, "peak_rss_gib": 3.5},
+        "meets_targets": bool(first["seconds"] <= 20.0
+                              and first["peak_rss_bytes"] <= 3.0 * gib),
+    }
+    args.output.parent.mkdir(parents=True, exist_ok=True)
+    args.output.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
