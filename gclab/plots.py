@@ -1,0 +1,377 @@
+"""Matplotlib figures for the memory instruments, in one consistent style.
+
+Every helper returns a `matplotlib.figure.Figure` (nothing is shown or saved), uses
+`STYLE` and a fixed colour per stage (`stage_color`), and labels byte axes in binary
+units (KiB, MiB, GiB). Backward stages use a lighter shade of their forward colour.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import matplotlib.colors as mcolors
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter
+
+from gclab.measure import format_bytes
+
+__all__ = [
+    "CARD_GIB",
+    "STAGE_COLORS",
+    "STYLE",
+    "bytes_axis",
+    "plot_fit_chart",
+    "plot_heatmap",
+    "plot_residuals",
+    "plot_timeline",
+    "plot_tradeoff",
+    "stage_color",
+    "style",
+]
+
+#: rcParams shared by every figure of the book.
+STYLE: dict[str, Any] = {
+    "figure.figsize": (8.0, 4.0),
+    "figure.dpi": 100,
+    "axes.grid": True,
+    "grid.alpha": 0.3,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "axes.titlesize": 12,
+    "axes.labelsize": 10,
+    "legend.fontsize": 8,
+    "legend.frameon": False,
+    "font.size": 9,
+}
+
+#: Fixed colour per (forward) stage.
+STAGE_COLORS: dict[str, str] = {
+    "inputs": "#9e9e9e",
+    "encoder": "#1f77b4",
+    "processor": "#2ca02c",
+    "decoder": "#ff7f0e",
+    "loss": "#d62728",
+    "optimizer": "#9467bd",
+    "other": "#8c564b",
+}
+
+#: Memory of common accelerator cards, in GiB.
+CARD_GIB: tuple[int, ...] = (16, 24, 40, 80)
+
+_EXTRA = ("#e377c2", "#17becf", "#bcbd22", "#7f7f7f", "#aec7e8", "#98df8a")
+
+
+@contextlib.contextmanager
+def style() -> Iterator[None]:
+    """Context manager applying `STYLE` to figures created inside it."""
+    with plt.rc_context(STYLE):
+        yield
+
+
+def stage_color(stage: str) -> str:
+    """Colour of a stage label (hex); 'backward: X' is a lighter shade of X.
+
+    'processor step i' shares the processor colour; unknown labels get a stable
+    colour from a small extra palette.
+    """
+    backward = stage.startswith("backward: ")
+    base = stage[len("backward: "):] if backward else stage
+    if base.startswith("processor"):
+        base = "processor"
+    if base in STAGE_COLORS:
+        color = STAGE_COLORS[base]
+    else:
+        color = _EXTRA[sum(map(ord, base)) % len(_EXTRA)]
+    if backward:
+        rgb = np.asarray(mcolors.to_rgb(color))
+        color = mcolors.to_hex(rgb + (1.0 - rgb) * 0.5)
+    return color
+
+
+def bytes_axis(axis: Any) -> None:
+    """Formats a matplotlib axis (e.g. ``ax.yaxis``) in KiB/MiB/GiB."""
+    axis.set_major_formatter(FuncFormatter(lambda v, _: format_bytes(v, 1)))
+
+
+def _runs(labels: Sequence[str]) -> list[tuple[str, int, int]]:
+    runs: list[tuple[str, int, int]] = []
+    start = 0
+    for i in range(1, len(labels) + 1):
+        if i == len(labels) or labels[i] != labels[start]:
+            runs.append((labels[start], start, i))
+            start = i
+    return runs
+
+
+def plot_timeline(
+    timeline_or_list: Any,
+    labels: Sequence[str] | None = None,
+    *,
+    title: str = "Bytes live over the compiled schedule",
+    show_temp: bool = True,
+) -> Figure:
+    """Memory timeline(s) from `gclab.timeline.memory_timeline`.
+
+    One timeline is drawn filled and coloured by stage (the forward pass rises, the
+    backward pass falls), with a dashed line at its `temp_bytes`. Several timelines
+    are overlaid as lines over the fraction of their schedule (before/after
+    comparisons), the first one also filled by stage.
+
+    Args:
+      timeline_or_list: a `Timeline` or a sequence of them.
+      labels: legend label per timeline (defaults to their names).
+      title: axes title.
+      show_temp: draw the compiled temp size of each timeline as a dashed line.
+
+    Returns:
+      The figure. Axes lines: one per timeline, plus one per timeline if
+      `show_temp`; one filled region per contiguous stage run of the first timeline.
+    """
+    timelines = (
+        list(timeline_or_list)
+        if isinstance(timeline_or_list, (list, tuple))
+        else [timeline_or_list]
+    )
+    if labels is None:
+        labels = [t.name or f"timeline {i}" for i, t in enumerate(timelines)]
+    several = len(timelines) > 1
+    with style():
+        fig, ax = plt.subplots()
+        first = timelines[0]
+        n = max(len(first), 1)
+        x0 = np.arange(len(first)) / (n - 1 if several and n > 1 else 1)
+        seen: set[str] = set()
+        for stage, a, b in _runs(list(first.stage)):
+            stop = min(b + 1, len(first))
+            ax.fill_between(
+                x0[a:stop],
+                first.live_bytes[a:stop],
+                step="post",
+                color=stage_color(stage),
+                alpha=0.35 if several else 0.8,
+                linewidth=0,
+                label=None if stage in seen else stage,
+            )
+            seen.add(stage)
+        for i, (t, label) in enumerate(zip(timelines, labels, strict=True)):
+            m = max(len(t), 1)
+            x = np.arange(len(t)) / (m - 1 if several and m > 1 else 1)
+            color = "black" if not several else plt.cm.tab10(i % 10)
+            ax.step(
+                x, t.live_bytes, where="post", color=color, linewidth=1.2,
+                label=f"{label} (peak {format_bytes(t.peak_bytes)})",
+            )
+            if show_temp:
+                ax.axhline(t.temp_bytes, color=color, linestyle="--", linewidth=0.8)
+        ax.set_xlabel("fraction of schedule" if several else "schedule point")
+        ax.set_ylabel("temp bytes live")
+        ax.set_ylim(bottom=0)
+        bytes_axis(ax.yaxis)
+        ax.set_title(title)
+        ax.legend(loc="upper left", ncol=2)
+        fig.tight_layout()
+    return fig
+
+
+def plot_residuals(
+    df: pd.DataFrame, *, title: str = "Saved residuals by module",
+    include_arguments: bool = True,
+) -> Figure:
+    """Horizontal bars of residual bytes per module.
+
+    Args:
+      df: `gclab.residuals.saved_residuals_df` output (or any frame with ``module``
+        and ``bytes`` columns).
+      title: axes title.
+      include_arguments: keep the 'inputs/params' group.
+
+    Returns:
+      The figure, one bar per module.
+    """
+    data = df if include_arguments else df[df["module"] != "inputs/params"]
+    grouped = data.groupby("module", sort=False)["bytes"].sum().sort_values()
+    with style():
+        fig, ax = plt.subplots(figsize=(8.0, 0.5 + 0.4 * max(len(grouped), 1)))
+        colors = [stage_color(_module_stage(m)) for m in grouped.index]
+        bars = ax.barh(list(grouped.index), grouped.to_numpy(), color=colors)
+        for bar, value in zip(bars, grouped.to_numpy(), strict=True):
+            ax.annotate(
+                format_bytes(value, 1), (bar.get_width(), bar.get_y() + bar.get_height() / 2),
+                xytext=(3, 0), textcoords="offset points", va="center", fontsize=8,
+            )
+        bytes_axis(ax.xaxis)
+        ax.set_xlabel("bytes saved for the backward pass")
+        ax.set_title(title)
+        fig.tight_layout()
+    return fig
+
+
+def _module_stage(module: str) -> str:
+    if "grid2mesh" in module or "encoder" in module:
+        return "encoder"
+    if "mesh2grid" in module or "decoder" in module:
+        return "decoder"
+    if "mesh_gnn" in module or "processor" in module:
+        return "processor"
+    if module == "inputs/params":
+        return "inputs"
+    return "other"
+
+
+def plot_tradeoff(
+    df: pd.DataFrame,
+    *,
+    x: str = "step_seconds",
+    y: str = "peak_bytes",
+    recipe: str = "recipe",
+    title: str = "Memory vs time per recipe",
+) -> Figure:
+    """Memory-versus-time scatter, one marker series per recipe.
+
+    Args:
+      df: one row per measurement with columns `x` (seconds), `y` (bytes), `recipe`.
+      x: time column.
+      y: bytes column.
+      recipe: recipe-name column.
+      title: axes title.
+
+    Returns:
+      The figure, one scatter collection per recipe (annotated with its name).
+    """
+    with style():
+        fig, ax = plt.subplots()
+        for i, (name, group) in enumerate(df.groupby(recipe, sort=False)):
+            ax.scatter(group[x], group[y], s=40, color=plt.cm.tab10(i % 10), label=str(name))
+            ax.annotate(
+                str(name), (group[x].iloc[-1], group[y].iloc[-1]),
+                xytext=(4, 4), textcoords="offset points", fontsize=8,
+            )
+        ax.set_xlabel(x.replace("_", " "))
+        ax.set_ylabel(y.replace("_", " "))
+        bytes_axis(ax.yaxis)
+        ax.set_ylim(bottom=0)
+        ax.set_title(title)
+        ax.legend(loc="best")
+        fig.tight_layout()
+    return fig
+
+
+def plot_heatmap(
+    df: pd.DataFrame,
+    x: str = "latent_size",
+    y: str = "processor_steps",
+    value: str = "temp_bytes",
+    budget_bytes: float | None = None,
+    *,
+    status: str = "status",
+    title: str | None = None,
+) -> Figure:
+    """Heatmap of a byte count over two configuration axes, out-of-memory marked.
+
+    A cell is out of memory when its `status` column says ``'oom'``, its value is
+    missing, or its value exceeds `budget_bytes`; such cells are greyed, hatched and
+    labelled "OOM".
+
+    Args:
+      df: one row per configuration.
+      x: column for the horizontal axis.
+      y: column for the vertical axis.
+      value: bytes column shown as colour and text.
+      budget_bytes: optional memory budget.
+      status: optional status column ('ok' / 'oom' / 'error').
+      title: axes title (default: the value name).
+
+    Returns:
+      The figure (`fig.axes[0].texts` holds one label per cell).
+    """
+    grid = df.pivot_table(index=y, columns=x, values=value, aggfunc="max", dropna=False)
+    oom = pd.DataFrame(False, index=grid.index, columns=grid.columns)
+    if status in df.columns:
+        flags = df.assign(_oom=df[status].eq("oom")).pivot_table(
+            index=y, columns=x, values="_oom", aggfunc="max"
+        )
+        oom = oom | flags.reindex_like(grid).fillna(False).astype(bool)
+    values = grid.to_numpy(dtype=float)
+    oom_mask = oom.to_numpy(dtype=bool) | np.isnan(values)
+    if budget_bytes is not None:
+        oom_mask |= np.nan_to_num(values, nan=0.0) > budget_bytes
+    with style():
+        fig, ax = plt.subplots(figsize=(1.2 + 1.1 * grid.shape[1], 1.0 + 0.6 * grid.shape[0]))
+        shown = np.ma.masked_array(values, mask=oom_mask)
+        cmap = plt.get_cmap("viridis").with_extremes(bad="#d9d9d9")
+        image = ax.imshow(shown, cmap=cmap, aspect="auto", origin="lower")
+        for (r, c), v in np.ndenumerate(values):
+            if oom_mask[r, c]:
+                ax.add_patch(plt.Rectangle(
+                    (c - 0.5, r - 0.5), 1, 1, fill=False, hatch="///",
+                    edgecolor="#d62728", linewidth=0,
+                ))
+                text = "OOM" if np.isnan(v) else f"OOM\n{format_bytes(v, 1)}"
+                ax.text(c, r, text, ha="center", va="center", color="#d62728", fontsize=8)
+            else:
+                ax.text(c, r, format_bytes(v, 1), ha="center", va="center", color="white",
+                        fontsize=8)
+        ax.set_xticks(range(grid.shape[1]), [str(v) for v in grid.columns])
+        ax.set_yticks(range(grid.shape[0]), [str(v) for v in grid.index])
+        ax.set_xlabel(x.replace("_", " "))
+        ax.set_ylabel(y.replace("_", " "))
+        ax.grid(False)
+        bar = fig.colorbar(image, ax=ax)
+        bytes_axis(bar.ax.yaxis)
+        suffix = f" (budget {format_bytes(budget_bytes, 0)})" if budget_bytes else ""
+        ax.set_title((title or value.replace("_", " ")) + suffix)
+        fig.tight_layout()
+    return fig
+
+
+def plot_fit_chart(
+    df: pd.DataFrame,
+    cards: Sequence[float] | Mapping[str, float] = CARD_GIB,
+    *,
+    label: str = "config",
+    value: str = "total_bytes",
+    title: str = "Does it fit?",
+) -> Figure:
+    """Bars of memory per configuration with horizontal lines at card sizes.
+
+    Args:
+      df: one row per configuration with columns `label` and `value` (bytes).
+      cards: card sizes in GiB (sequence), or ``{name: GiB}``.
+      label: configuration-name column.
+      value: bytes column.
+      title: axes title.
+
+    Returns:
+      The figure: one bar per configuration (coloured by the smallest card it fits)
+      and one horizontal line per card.
+    """
+    named = (
+        dict(cards) if isinstance(cards, Mapping) else {f"{g:g} GB": float(g) for g in cards}
+    )
+    sizes = sorted(named.items(), key=lambda kv: kv[1])
+    palette = plt.cm.viridis(np.linspace(0.15, 0.85, len(sizes)))
+    with style():
+        fig, ax = plt.subplots()
+        colors = []
+        for v in df[value].to_numpy(dtype=float):
+            fits = [i for i, (_, g) in enumerate(sizes) if v <= g * 2**30]
+            colors.append(palette[fits[0]] if fits else "#d62728")
+        ax.bar([str(v) for v in df[label]], df[value].to_numpy(dtype=float), color=colors)
+        for (name, gib), color in zip(sizes, palette, strict=True):
+            ax.axhline(gib * 2**30, color=color, linestyle="--", linewidth=1.0)
+            ax.annotate(
+                name, (1.0, gib * 2**30), xycoords=("axes fraction", "data"),
+                xytext=(2, 0), textcoords="offset points", va="center", fontsize=8,
+                annotation_clip=False,
+            )
+        bytes_axis(ax.yaxis)
+        ax.set_ylabel(value.replace("_", " "))
+        ax.set_title(title)
+        plt.setp(ax.get_xticklabels(), rotation=30, ha="right")
+        fig.tight_layout()
+    return fig
