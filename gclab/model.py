@@ -522,6 +522,26 @@ def _cast_params(tree: Any, dtype) -> Any:
     return jax.tree_util.tree_map(lambda a: a.astype(dtype), tree)
 
 
+def stage_checkpoint(fn: Callable) -> Callable:
+    """`jax.checkpoint(fn)`, run as a one-iteration `lax.scan`.
+
+    Outside a loop, XLA is free to merge a checkpoint's recomputation with the forward pass
+    it repeats (XLA:CPU does, and then the checkpoint saves nothing). Inside a loop body
+    the recomputation stays in the backward pass on every backend, so whole-stage
+    checkpoints are placed in a scan of length one.
+    """
+    checkpointed = jax.checkpoint(fn)
+
+    def wrapped(*args):
+        def body(carry, _):
+            return carry, checkpointed(*args)
+
+        _, out = jax.lax.scan(body, None, None, length=1)
+        return jax.tree_util.tree_map(lambda a: a[0], out)
+
+    return wrapped
+
+
 def graphcast_forward(P: dict, graph: GraphInputs, inputs: Array, mem: MemoryConfig) -> Array:
     """The whole network on grouped parameters `P` (see `_all_params`). [Ng,B,C] -> [Ng,B,O]."""
     dtype = jnp.bfloat16 if mem.precision == "bf16" else jnp.float32
@@ -537,9 +557,9 @@ def graphcast_forward(P: dict, graph: GraphInputs, inputs: Array, mem: MemoryCon
             return decoder(P_dec, graph, grid, mesh, mem)
 
     if mem.checkpoint_encoder:
-        run_encoder = jax.checkpoint(run_encoder)
+        run_encoder = stage_checkpoint(run_encoder)
     if mem.checkpoint_decoder:
-        run_decoder = jax.checkpoint(run_decoder)
+        run_decoder = stage_checkpoint(run_decoder)
     grid, mesh = run_encoder(P["encoder"], graph, inputs)
     with jax.named_scope("processor"):
         mesh = processor(P["processor"], graph, mesh, mem)
