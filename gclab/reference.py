@@ -83,6 +83,8 @@ def load_fixture(path) -> Fixture:
     path = Path(path)
     if not path.is_file():
         raise FixtureError(f"fixture not found: {path}")
+    if not zipfile.is_zipfile(path):
+        raise FixtureError(f"{path}: not an .npz file (numpy zip archive)")
     try:
         with np.load(path, allow_pickle=False) as data:
             arrays = {k: data[k] for k in data.files}

@@ -1,0 +1,289 @@
+"""Command line: `python -m gclab COMMAND ...` (or `gclab COMMAND ...`).
+
+Commands:
+  graph      node and edge counts of a grid + multimesh (built and cached)
+  reference  check gclab against a fixture produced by the official code
+  memory     XLA's compiled memory of one training step, from shapes alone
+  timeline   the memory timeline of one training step, as a picture
+  sweep      a grid of configs x techniques, compiled and/or measured
+  plan       the technique settings that fit a memory budget
+
+Every error in what you type is reported in one line naming the problem, with exit
+status 2; a failed check exits with status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Optional, Sequence
+
+
+class UsageError(ValueError):
+    """Bad command-line input; printed without a traceback."""
+
+
+def _add_model_args(p: argparse.ArgumentParser, *, network: bool = True) -> None:
+    g = p.add_argument_group("model (a preset, or a grid and mesh)")
+    g.add_argument("--preset", help="a named preset (e.g. graphcast, graphcast-small, cpu-4x32)")
+    g.add_argument("--resolution", type=float, help="grid spacing in degrees (divides 180)")
+    g.add_argument("--mesh-splits", type=int, help="icosahedron refinements, 0..7")
+    g.add_argument("--radius-fraction", type=float,
+                   help="grid2mesh radius as a fraction of the longest finest edge (0.6)")
+    if network:
+        g.add_argument("--latent", type=int, help="latent width L")
+        g.add_argument("--steps", type=int, help="processor steps S")
+        g.add_argument("--levels", type=int, choices=(13, 37), help="pressure levels")
+
+
+def _resolve_model(args):
+    """(ModelConfig, TaskConfig) from --preset or --resolution/--mesh-splits (+ overrides)."""
+    from gclab.config import ModelConfig, TaskConfig, get_preset
+
+    if args.preset is not None:
+        if args.resolution is not None or args.mesh_splits is not None:
+            raise UsageError("give either --preset or --resolution/--mesh-splits, not both")
+        preset = get_preset(args.preset)
+        model, task = preset.model, preset.task
+    else:
+        if args.resolution is None or args.mesh_splits is None:
+            raise UsageError("give --preset NAME, or both --resolution DEG and --mesh-splits N")
+        model = ModelConfig(resolution=args.resolution, mesh_splits=args.mesh_splits)
+        task = TaskConfig.from_levels(13)
+    changes = {}
+    if args.radius_fraction is not None:
+        changes["radius_query_fraction_edge_length"] = args.radius_fraction
+    if getattr(args, "latent", None) is not None:
+        changes["latent_size"] = args.latent
+    if getattr(args, "steps", None) is not None:
+        changes["processor_steps"] = args.steps
+    if changes:
+        model = model.replace(**changes)
+    if getattr(args, "levels", None) is not None:
+        task = TaskConfig.from_levels(args.levels, task.precipitation_input)
+    return model, task
+
+
+def _resolve_memory(args):
+    from gclab.techniques import get_recipe, parse_remat_spec
+
+    mem = get_recipe(args.recipe, args.precision)
+    changes = {}
+    if args.remat is not None:
+        changes.update(parse_remat_spec(args.remat))
+    if args.edge_block is not None:
+        changes["edge_block_size"] = args.edge_block if args.edge_block > 0 else None
+        if changes["edge_block_size"] is None:
+            changes["processor_edge_blocks"] = False
+    if getattr(args, "rollout", 1) > 1 and args.recipe != "none":
+        changes["rollout_remat"] = True
+    return mem.replace(**changes) if changes else mem
+
+
+def _add_memory_args(p: argparse.ArgumentParser) -> None:
+    from gclab.techniques import RECIPES, REMAT_SPEC_HELP
+
+    g = p.add_argument_group("memory techniques")
+    g.add_argument("--batch", type=int, default=1, help="batch size B (default 1)")
+    g.add_argument("--rollout", type=int, default=1, help="autoregressive steps T (default 1)")
+    g.add_argument("--recipe", default="none",
+                   help="named recipe: " + ", ".join(RECIPES) + " (default none)")
+    g.add_argument("--remat", help="processor remat: " + REMAT_SPEC_HELP)
+    g.add_argument("--edge-block", type=int, help="edges per block (0: no blocks)")
+    g.add_argument("--precision", default="f32", help="f32 or bf16 (default f32)")
+
+
+def _spec(args):
+    from gclab.footprint import StepSpec
+
+    model, task = _resolve_model(args)
+    for name in ("batch", "rollout"):
+        if getattr(args, name) < 1:
+            raise UsageError(f"--{name} must be >= 1, got {getattr(args, name)}")
+    return StepSpec(model, task, _resolve_memory(args), batch=args.batch, rollout=args.rollout)
+
+
+def _print_json(obj) -> None:
+    print(json.dumps(obj, indent=2, sort_keys=True, default=str))
+
+
+# ----------------------------------------------------------------------------------------
+
+
+def cmd_graph(args) -> int:
+    from gclab.graphs import build_graphs
+
+    model, _ = _resolve_model(args)
+    t0 = time.perf_counter()
+    graphs = build_graphs(model.resolution, model.mesh_splits,
+                          model.radius_query_fraction_edge_length,
+                          model.mesh2grid_edge_normalization_factor)
+    seconds = time.perf_counter() - t0
+    counts = graphs.counts()
+    if args.json:
+        _print_json({**counts, "resolution": model.resolution, "mesh_splits": model.mesh_splits,
+                     "radius_query_fraction_edge_length":
+                         model.radius_query_fraction_edge_length,
+                     "build_seconds": round(seconds, 3)})
+    else:
+        print(f"grid {model.resolution:g} deg ({graphs.n_lat} x {graphs.n_lon}), "
+              f"{model.mesh_splits} mesh splits, radius fraction "
+              f"{model.radius_query_fraction_edge_length:g}")
+        for key, value in counts.items():
+            print(f"  {key:<16} {value:>12,}")
+        print(f"  built in {seconds:.2f} s (cached on disk for the next run)")
+    return 0
+
+
+def cmd_reference(args) -> int:
+    from gclab.reference import load_fixture, run_checks
+
+    if not args.tolerance > 0:
+        raise UsageError(f"--tolerance must be > 0, got {args.tolerance}")
+    status = 0
+    for path in args.fixtures:
+        fx = load_fixture(path)
+        c = fx.config
+        print(f"{path}: {c.resolution:g} deg, {c.mesh_splits} splits, {c.processor_steps} x "
+              f"{c.latent_size}, C_in {fx.data_channels}, C_out {fx.output_channels}, "
+              f"batch {fx.batch}")
+        for check in run_checks(fx, args.tolerance):
+            mark = "PASS" if check.passed else "FAIL"
+            print(f"  {mark}  {check.name}: max abs error {check.max_abs_error:.3g} "
+                  f"({check.detail})")
+            status |= not check.passed
+    print(f"{'all checks passed' if not status else 'some checks FAILED'} "
+          f"(tolerance {args.tolerance:g} absolute)")
+    return int(status)
+
+
+def cmd_memory(args) -> int:
+    from gclab.footprint import train_step_memory
+    from gclab.measure import format_bytes
+
+    spec = _spec(args)
+    result = train_step_memory(spec)
+    record = {**result.to_dict(), **spec.describe()}
+    if args.json:
+        _print_json(record)
+        return 0
+    print(f"one training step of {spec.title()}")
+    print(f"  parameters       {record['num_params']:>14,}")
+    for key in ("argument_bytes", "output_bytes", "temp_bytes", "alias_bytes", "total_bytes"):
+        print(f"  {key:<16} {format_bytes(record[key]):>14}")
+    print(f"  backend {record['backend']}, compiled in {record['compile_seconds']:.1f} s")
+    return 0
+
+
+def cmd_timeline(args) -> int:
+    from gclab.footprint import train_step_timeline
+    from gclab.measure import format_bytes
+    from gclab.plots import plot_timeline
+
+    spec = _spec(args)
+    tl = train_step_timeline(spec)
+    print(f"{spec.title()}: peak {format_bytes(tl.peak_bytes)} at {tl.peak_stage} "
+          f"(compiled temp {format_bytes(tl.temp_bytes)})")
+    if args.plot:
+        fig = plot_timeline(tl, labels=[spec.memory_label()])
+        fig.savefig(args.plot, dpi=120, bbox_inches="tight")
+        print(f"wrote {args.plot}")
+    return 0
+
+
+def cmd_sweep(args) -> int:
+    from gclab.sweep import run_sweep_cli
+
+    return run_sweep_cli(args)
+
+
+def cmd_plan(args) -> int:
+    from gclab.planner import NothingFits, plan
+
+    model, task = _resolve_model(args)
+    try:
+        result = plan(args.budget, model, task, batch=args.batch, rollout=args.rollout,
+                      precision=args.precision,
+                      use_compiled={"auto": "auto", "yes": True, "no": False}[args.compiled])
+    except NothingFits as e:
+        print(f"nothing fits: {e}", file=sys.stderr)
+        return 1
+    if args.json:
+        _print_json(result.to_dict())
+    else:
+        print(result.explain())
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gclab", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("graph", help="node and edge counts of a grid and multimesh")
+    _add_model_args(p, network=False)
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=cmd_graph)
+
+    p = sub.add_parser("reference", help="check gclab against official fixtures")
+    p.add_argument("fixtures", nargs="+", metavar="PATH.npz")
+    p.add_argument("--tolerance", type=float, default=1e-5, help="max abs error (1e-5)")
+    p.set_defaults(func=cmd_reference)
+
+    p = sub.add_parser("memory", help="compiled memory of one training step (no allocation)")
+    _add_model_args(p)
+    _add_memory_args(p)
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=cmd_memory)
+
+    p = sub.add_parser("timeline", help="memory timeline of one training step")
+    _add_model_args(p)
+    _add_memory_args(p)
+    p.add_argument("--plot", metavar="FILE.png", help="save the timeline picture")
+    p.set_defaults(func=cmd_timeline)
+
+    p = sub.add_parser("sweep", help="configs x techniques, compiled and/or measured")
+    _add_model_args(p)
+    p.add_argument("--latents", default=None, help="comma-separated latent widths")
+    p.add_argument("--steps-list", default=None, help="comma-separated processor steps")
+    p.add_argument("--recipes", default="none,per-step,deepmind,lean",
+                   help="comma-separated recipes")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--rollout", type=int, default=1)
+    p.add_argument("--precision", default="f32")
+    p.add_argument("--measure", default="compiled", choices=("compiled", "measured", "both"))
+    p.add_argument("--out", required=True, metavar="FILE.json")
+    p.add_argument("--plot", metavar="FILE.png")
+    p.set_defaults(func=cmd_sweep)
+
+    p = sub.add_parser("plan", help="technique settings that fit a memory budget")
+    p.add_argument("--budget", required=True,
+                   help="bytes (16GiB, 12GB, 500MiB) or a card: T4, L4, A100-40GB, A100-80GB, H100")
+    _add_model_args(p)
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--rollout", type=int, default=1)
+    p.add_argument("--precision", default="f32")
+    p.add_argument("--compiled", default="auto", choices=("auto", "yes", "no"),
+                   help="verify with compiled figures (auto: where compiling is quick)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=cmd_plan)
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    try:
+        return args.func(args)
+    except ValueError as e:  # UsageError, config/fixture errors: one clear line
+        print(f"gclab {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
