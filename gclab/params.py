@@ -55,6 +55,10 @@ def from_official(official: Mapping[str, Mapping[str, np.ndarray]]) -> dict:
         if sorted(by_step) != list(range(n)):
             raise ValueError(f"{key}: processor steps must be 0..{n - 1}, got {sorted(by_step)}")
         names = set(by_step[0])
+        for i in range(n):
+            if set(by_step[i]) != names:
+                raise ValueError(f"{key}: step {i} has parameters {sorted(by_step[i])}, "
+                                 f"step 0 has {sorted(names)}")
         leaves = {}
         for pname in names:
             arrays = [np.asarray(by_step[i][pname]) for i in range(n)]

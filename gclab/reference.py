@@ -30,7 +30,7 @@ import numpy as np
 
 from gclab import params as params_lib
 from gclab.config import ModelConfig
-from gclab.model import graph_inputs, graph_inputs_from_arrays, make_network
+from gclab.model import graph_inputs, graph_inputs_from_arrays, make_network, param_shapes
 
 DEFAULT_TOLERANCE = 1e-5
 # A grid node within this barycentric distance of a finest-face edge is a tie: the face
@@ -143,6 +143,17 @@ def load_fixture(path) -> Fixture:
                 "mesh2grid_edge_normalization_factor"))
     except ValueError as e:
         raise FixtureError(f"{path}: {e}") from None
+    expected = param_shapes(config, int(data_channels), int(out_w.shape[-1]))
+    for label, tree in (("param::", params), ("pparam::", pparams)):
+        problems = [f"{m}::{n}" for m in expected for n in expected[m]
+                    if m not in tree or n not in tree[m]
+                    or tuple(tree[m][n].shape) != tuple(expected[m][n].shape)]
+        problems += [f"{m}::{n} (unexpected)" for m in tree for n in tree[m]
+                     if m not in expected or n not in expected[m]]
+        if problems:
+            raise FixtureError(f"{path}: {label} parameters missing, unexpected or of the "
+                               f"wrong shape: {', '.join(problems[:5])}"
+                               + (" ..." if len(problems) > 5 else ""))
     for key, want in (("outputs", (n_grid, batch, out_w.shape[-1])),
                       ("outputs_perturbed", (n_grid, batch, out_w.shape[-1]))):
         if arrays[key].shape != want:
