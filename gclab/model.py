@@ -239,54 +239,47 @@ def _sum_incoming(messages: Array, receivers: Array, num_nodes: int, float32: bo
     return jraph.segment_sum(messages, receivers, num_nodes).astype(dtype)  # [N, B, L]
 
 
-@jax.tree_util.register_pytree_node_class
-class EdgeMLP:
-    """An edge MLP ready to run on any subset of edges (a pytree; `projected` is static).
+def edge_messages(p: Params, edges: Array, sender_rows: Array, receiver_rows: Array,
+                  projected: tuple = (False, False)) -> Array:
+    """Edge MLP on `[edges, sender, receiver]` for rows already gathered per edge.
 
-    With `gather_after_matmul`, the first layer's sender and receiver parts were applied
-    to the node latents once (`senders_latent` holds `v_s @ W_s` [Ns, B, L],
-    `receivers_latent` holds `v_r @ W_r` [Nr, B, L]); otherwise they hold the node latents,
-    which are gathered and concatenated per edge.
+    `sender_rows` / `receiver_rows` [e, B, L] are node latents gathered per edge, or, where
+    `projected` says so, node latents already multiplied by their part of the first layer
+    (gather after matmul: `W [e, v_s, v_r] = W_e e + (W_s v_s) + (W_r v_r)`, same numbers
+    up to float rounding, no `[e, B, 3L]` concatenation).
     """
+    if not any(projected):
+        return mlp_concat(p, [edges, sender_rows, receiver_rows])  # [e, B, L]
+    w, b = p["layers"][0]  # w [3L, L] rows: edge, sender, receiver
+    L = edges.shape[-1]
+    h = edges @ w[:L] + b
+    h = h + (sender_rows if projected[0] else sender_rows @ w[L:2 * L])
+    h = h + (receiver_rows if projected[1] else receiver_rows @ w[2 * L:])
+    return _hidden(p, h)  # [e, B, L]
 
-    def __init__(self, params: Params, senders_latent: Array, receivers_latent: Array,
-                 projected: bool):
-        self.params = params
-        self.senders_latent = senders_latent  # [Ns, B, L]
-        self.receivers_latent = receivers_latent  # [Nr, B, L]
-        self.projected = projected
 
-    def tree_flatten(self):
-        return (self.params, self.senders_latent, self.receivers_latent), self.projected
+def project(p: Params, latent: Array, part: str) -> Array:
+    """`latent @ W_part` for the sender or receiver part of an edge MLP's first layer."""
+    w = p["layers"][0][0]
+    L = latent.shape[-1]
+    return latent @ (w[L:2 * L] if part == "sender" else w[2 * L:])  # [N, B, L]
 
-    @classmethod
-    def tree_unflatten(cls, projected, children):
-        return cls(*children, projected)
 
-    @classmethod
-    def build(cls, p: Params, senders_latent: Array, receivers_latent: Array,
-              gather_after_matmul: bool) -> "EdgeMLP":
-        if not gather_after_matmul:
-            return cls(p, senders_latent, receivers_latent, False)
-        w = p["layers"][0][0]  # [3L, L] rows: edge, sender, receiver
-        L = senders_latent.shape[-1]
-        return cls(p, senders_latent @ w[L:2 * L], receivers_latent @ w[2 * L:], True)
-
-    def __call__(self, edges: Array, senders: Array, receivers: Array) -> Array:
-        """New messages for `edges` [e, B, L] with index arrays [e]."""
-        if not self.projected:
-            return mlp_concat(self.params, [edges, self.senders_latent[senders],
-                                            self.receivers_latent[receivers]])
-        w, b = self.params["layers"][0]
-        L = edges.shape[-1]
-        h = edges @ w[:L] + self.senders_latent[senders] + self.receivers_latent[receivers] + b
-        return _hidden(self.params, h)  # [e, B, L]
+def _node_side(p: Params, latent: Array, part: str, gather_after_matmul: bool) -> Array:
+    """What edges gather from a node set: its latents, or their projection."""
+    return project(p, latent, part) if gather_after_matmul else latent
 
 
 def _embed_edges(p: Params, features: Array, batch: int, dtype) -> Array:
     """Edge embedding [E, B, L]; the features are batch-independent, so embed once."""
     e = mlp(p, features.astype(dtype))  # [E, L]
     return jnp.broadcast_to(e[:, None, :], (e.shape[0], batch, e.shape[1]))
+
+
+def balanced_block(n: int, block: int) -> int:
+    """The block size that splits `n` rows into ceil(n / block) near-equal blocks."""
+    nb = max(1, -(-n // block))
+    return -(-n // nb)
 
 
 def _blocks(x: Array, block: int, fill=0) -> Array:
@@ -311,55 +304,84 @@ def _remat_policy(name: str):
 # The three GNNs as pure functions of their parameters.
 
 
+def grid_latents(P: dict, grid_features: Array, inputs: Array) -> Array:
+    """Embedded grid nodes [n, B, L] from their inputs [n, B, C] and features [n, 3]."""
+    n, batch, _ = inputs.shape
+    feat = jnp.broadcast_to(grid_features.astype(inputs.dtype)[:, None], (n, batch, 3))
+    return mlp_concat(P["encoder_nodes_grid_nodes"], [inputs, feat])  # [n, B, L]
+
+
 def encoder(P: dict, graph: GraphInputs, inputs: Array, mem: MemoryConfig):
     """grid2mesh GNN: embeds grid/mesh nodes and g2m edges, one interaction step.
 
     Returns grid latents [Ng, B, L] (they skip the processor) and mesh latents [Nm, B, L].
+    With `stream_grid_nodes`, grid latents are never formed for all nodes at once: the
+    edge blocks embed the grid nodes they need, and the returned grid latents are None
+    (the decoder recomputes them block by block).
     """
     dtype = inputs.dtype
     ng, batch, channels = inputs.shape
     nm = graph.mesh_nodes.shape[0]
-    grid_feat = jnp.broadcast_to(graph.grid_nodes.astype(dtype)[:, None], (ng, batch, 3))
-    grid = mlp_concat(P["encoder_nodes_grid_nodes"], [inputs, grid_feat])  # [Ng, B, L]
     mesh_in = jnp.concatenate([jnp.zeros((nm, channels), dtype),
                                graph.mesh_nodes.astype(dtype)], axis=-1)  # [Nm, C+3]
     mesh = mlp(P["encoder_nodes_mesh_nodes"], mesh_in)  # [Nm, L], batch-independent
     mesh = jnp.broadcast_to(mesh[:, None], (nm, batch, mesh.shape[-1]))  # [Nm, B, L]
-
-    edge_mlp = EdgeMLP.build(P["processor_edges_0_grid2mesh"], grid, mesh,
-                             mem.gather_after_matmul)
+    edge_p = P["processor_edges_0_grid2mesh"]
+    gam = mem.gather_after_matmul
+    mesh_side = _node_side(edge_p, mesh, "receiver", gam)  # [Nm, B, L]
+    if mem.stream_grid_nodes:
+        grid = None
+    else:
+        grid = grid_latents(P, graph.grid_nodes, inputs)  # [Ng, B, L]
     if mem.edge_block_size is None:
         edges = _embed_edges(P["encoder_edges_grid2mesh"], graph.g2m_edges, batch, dtype)
-        messages = edge_mlp(edges, graph.g2m_senders, graph.g2m_receivers)  # [E, B, L]
+        grid_side = _node_side(edge_p, grid, "sender", gam)  # [Ng, B, L]
+        messages = edge_messages(edge_p, edges, grid_side[graph.g2m_senders],
+                                 mesh_side[graph.g2m_receivers], (gam, gam))  # [E, B, L]
         # The encoder always sums in float32 (many grid nodes per mesh node near the poles).
         incoming = _sum_incoming(messages, graph.g2m_receivers, nm, True)  # [Nm, B, L]
     else:
-        incoming = _blocked_encoder_sum(P, graph, edge_mlp, batch, dtype, mem)
+        grid_side = None if grid is None else _node_side(edge_p, grid, "sender", gam)
+        incoming = _blocked_encoder_sum(P, graph, inputs, grid_side, mesh_side, mem)
     mesh = mesh + mlp_concat(P["processor_nodes_0_mesh_nodes"], [mesh, incoming])
-    grid = grid + mlp(P["processor_nodes_0_grid_nodes"], grid)
+    if grid is not None:
+        grid = grid + mlp(P["processor_nodes_0_grid_nodes"], grid)
     return grid, mesh
 
 
-def _blocked_encoder_sum(P, graph, edge_mlp, batch, dtype, mem) -> Array:
-    """Sum of incoming g2m messages, computed over blocks of edges, each checkpointed."""
-    nm = graph.mesh_nodes.shape[0]
-    bs = mem.edge_block_size
+def _blocked_encoder_sum(P, graph, inputs, grid_side, mesh_side, mem) -> Array:
+    """Sum of incoming g2m messages over blocks of edges, each block checkpointed.
+
+    With `grid_side` None (streamed grid nodes), each block embeds its senders' grid
+    latents from their inputs, so no `[Ng, B, L]` array exists.
+    """
+    nm, batch, latent = mesh_side.shape
+    dtype = mesh_side.dtype
     n_edges = graph.g2m_senders.shape[0]
+    bs = balanced_block(n_edges, mem.edge_block_size)
+    edge_p = P["processor_edges_0_grid2mesh"]
+    gam = mem.gather_after_matmul
     valid = _blocks(jnp.ones((n_edges,), dtype), bs)  # [nb, bs]
     xs = (_blocks(graph.g2m_senders, bs), _blocks(graph.g2m_receivers, bs),
           _blocks(graph.g2m_edges, bs), valid)
 
     @jax.checkpoint
-    def block_messages(edge_mlp, senders, receivers, features, valid):
+    def block_messages(grid_side, mesh_side, inputs, senders, receivers, features, valid):
         edges = _embed_edges(P["encoder_edges_grid2mesh"], features, batch, dtype)
-        return edge_mlp(edges, senders, receivers) * valid[:, None, None]  # [bs, B, L]
+        if grid_side is None:  # embed the senders here: [bs, B, L]
+            sender_rows = grid_latents(P, graph.grid_nodes[senders], inputs[senders])
+            sender_projected = False
+        else:
+            sender_rows, sender_projected = grid_side[senders], gam
+        messages = edge_messages(edge_p, edges, sender_rows, mesh_side[receivers],
+                                 (sender_projected, gam))
+        return messages * valid[:, None, None]  # [bs, B, L]
 
     def body(total, x):
-        messages = block_messages(edge_mlp, *x)
-        return total + _sum_incoming(messages.astype(jnp.float32), x[1], nm, True), None
+        messages = block_messages(grid_side, mesh_side, inputs, *x)
+        return total + _sum_incoming(messages, x[1], nm, True).astype(jnp.float32), None
 
-    total0 = jnp.zeros((nm, batch, edge_mlp.params["norm"][0].shape[-1]), jnp.float32)
-    total, _ = jax.lax.scan(body, total0, xs)
+    total, _ = jax.lax.scan(body, jnp.zeros((nm, batch, latent), jnp.float32), xs)
     return total.astype(dtype)  # [Nm, B, L]
 
 
@@ -368,26 +390,34 @@ def processor(P: dict, graph: GraphInputs, mesh: Array, mem: MemoryConfig) -> Ar
     nm, batch, _ = mesh.shape
     dtype = mesh.dtype
     senders, receivers = graph.mesh_senders, graph.mesh_receivers
-    edges = _embed_edges(P["encoder_edges_mesh"], graph.mesh_edges, batch, dtype)  # [E, B, L]
     stacked = {"edges": P["processor_edges_mesh"], "nodes": P["processor_nodes_mesh_nodes"]}
     f32_sum = mem.float32_aggregation
     blocked = mem.processor_edge_blocks
-    if blocked:
-        bs = mem.edge_block_size
+    if not blocked:
+        edges = _embed_edges(P["encoder_edges_mesh"], graph.mesh_edges, batch, dtype)  # [E,B,L]
+    else:
+        bs = balanced_block(senders.shape[0], mem.edge_block_size)
         valid = _blocks(jnp.ones(senders.shape, dtype), bs)  # [nb, bs]
         senders, receivers = _blocks(senders, bs), _blocks(receivers, bs)  # [nb, bs]
-        edges = _blocks(edges, bs)  # [nb, bs, B, L]
+        # Embedded block by block, so that the embedding's backward is blockwise too.
+        embed = jax.checkpoint(
+            lambda f: _embed_edges(P["encoder_edges_mesh"], f, batch, dtype))  # [bs, B, L]
+        _, edges = jax.lax.scan(lambda c, f: (c, embed(f)), None,
+                                _blocks(graph.mesh_edges, bs))  # [nb, bs, B, L]
 
     def step(carry, p):
         mesh, edges = carry
-        edge_mlp = EdgeMLP.build(p["edges"], mesh, mesh, mem.gather_after_matmul)
+        gam = mem.gather_after_matmul
+        sides = (_node_side(p["edges"], mesh, "sender", gam),
+                 _node_side(p["edges"], mesh, "receiver", gam))  # [Nm, B, L] each
         if not blocked:
-            messages = edge_mlp(edges, senders, receivers)  # [E, B, L]
+            messages = edge_messages(p["edges"], edges, sides[0][senders],
+                                     sides[1][receivers], (gam, gam))  # [E, B, L]
             incoming = _sum_incoming(messages, receivers, nm, f32_sum)  # [Nm, B, L]
             edges = edges + messages
         else:
-            edges, incoming = _blocked_edge_update(edge_mlp, edges, senders, receivers, valid,
-                                                   nm, f32_sum)
+            edges, incoming = _blocked_edge_update(p["edges"], sides, gam, edges, senders,
+                                                   receivers, valid, nm, f32_sum)
         incoming = checkpoint_name(incoming, "aggregated_messages")
         mesh = mesh + mlp_concat(p["nodes"], [mesh, incoming])  # [Nm, B, L]
         mesh = checkpoint_name(mesh, "node_latents")
@@ -397,16 +427,17 @@ def processor(P: dict, graph: GraphInputs, mesh: Array, mem: MemoryConfig) -> Ar
     return mesh
 
 
-def _blocked_edge_update(edge_mlp, edges, senders, receivers, valid, nm, f32_sum):
+def _blocked_edge_update(p, sides, gam, edges, senders, receivers, valid, nm, f32_sum):
     """One processor edge update over blocks of edges: new edges, sum of incoming messages."""
 
     @jax.checkpoint
-    def block_messages(edge_mlp, edges, senders, receivers, valid):
-        return edge_mlp(edges, senders, receivers) * valid[:, None, None]  # [bs, B, L]
+    def block_messages(p, sides, edges, senders, receivers, valid):
+        messages = edge_messages(p, edges, sides[0][senders], sides[1][receivers], (gam, gam))
+        return messages * valid[:, None, None]  # [bs, B, L]
 
     def body(total, x):
         edges, senders, receivers, valid = x
-        messages = block_messages(edge_mlp, edges, senders, receivers, valid)
+        messages = block_messages(p, sides, edges, senders, receivers, valid)
         total = total + _sum_incoming(messages, receivers, nm, f32_sum).astype(total.dtype)
         return total, edges + messages
 
@@ -455,67 +486,70 @@ def _scan_steps(step: Callable, carry, stacked: dict, mem: MemoryConfig):
     return carry, None
 
 
-def decoder(P: dict, graph: GraphInputs, grid: Array, mesh: Array,
-            mem: MemoryConfig) -> Array:
+def decoder(P: dict, graph: GraphInputs, grid: Optional[Array], mesh: Array,
+            mem: MemoryConfig, P_enc: Optional[dict] = None,
+            inputs: Optional[Array] = None) -> Array:
     """mesh2grid GNN: embeds m2g edges, one interaction step, then the output MLP.
 
     Returns [Ng, B, O]. The mesh-node update of this GNN is computed (its parameters
     exist, as in the official model) and discarded: it has no effect on the outputs.
+    With streamed grid nodes (`grid` None), each block of grid nodes is embedded and
+    updated from `inputs` with the encoder's parameters `P_enc` first.
     """
-    ng, batch, _ = grid.shape
-    dtype = grid.dtype
     f32_sum = mem.float32_aggregation
     _ = mesh + mlp(P["processor_nodes_0_mesh_nodes"], mesh)  # unused, as in the official code
     if mem.edge_block_size is None:
-        edge_mlp = EdgeMLP.build(P["processor_edges_0_mesh2grid"], mesh, grid,
-                                 mem.gather_after_matmul)
-        edges = _embed_edges(P["encoder_edges_mesh2grid"], graph.m2g_edges, batch, dtype)
-        messages = edge_mlp(edges, graph.m2g_senders, graph.m2g_receivers)  # [3Ng, B, L]
+        ng, batch, _ = grid.shape
+        edge_p = P["processor_edges_0_mesh2grid"]
+        gam = mem.gather_after_matmul
+        edges = _embed_edges(P["encoder_edges_mesh2grid"], graph.m2g_edges, batch, grid.dtype)
+        messages = edge_messages(
+            edge_p, edges, _node_side(edge_p, mesh, "sender", gam)[graph.m2g_senders],
+            _node_side(edge_p, grid, "receiver", gam)[graph.m2g_receivers],
+            (gam, gam))  # [3Ng, B, L]
         incoming = _sum_incoming(messages, graph.m2g_receivers, ng, f32_sum)  # [Ng, B, L]
         grid = grid + mlp_concat(P["processor_nodes_0_grid_nodes"], [grid, incoming])
         return mlp(P["decoder_nodes_grid_nodes"], grid)  # [Ng, B, O]
-    return _blocked_decoder(P, graph, grid, mesh, mem)
+    return _blocked_decoder(P, graph, grid, mesh, mem, P_enc, inputs)
 
 
-def _blocked_decoder(P, graph, grid, mesh, mem) -> Array:
+def _blocked_decoder(P, graph, grid, mesh, mem, P_enc, inputs) -> Array:
     """The decoder over blocks of grid nodes, end to end, each block checkpointed.
 
     mesh2grid edges come three per grid node in grid-node order, so a block of `bn` grid
     nodes owns exactly the edges `[3 g0, 3 (g0 + bn))`.
     """
-    ng, batch, _ = grid.shape
-    dtype = grid.dtype
-    bn = max(1, mem.edge_block_size // 3)  # grid nodes per block
+    streamed = grid is None
+    ng, batch, _ = (inputs if streamed else grid).shape
+    dtype = mesh.dtype
+    bn = balanced_block(ng, max(1, mem.edge_block_size // 3))  # grid nodes per block
     f32_sum = mem.float32_aggregation
+    gam = mem.gather_after_matmul
     edge_p = P["processor_edges_0_mesh2grid"]
-    if mem.gather_after_matmul:
-        L = mesh.shape[-1]
-        mesh_side = mesh @ edge_p["layers"][0][0][L:2 * L]  # [Nm, B, L]
-    else:
-        mesh_side = mesh
-    xs = (_blocks(grid, bn), _blocks(graph.m2g_senders, 3 * bn),
-          _blocks(graph.m2g_edges, 3 * bn))
+    mesh_side = _node_side(edge_p, mesh, "sender", gam)  # [Nm, B, L]
+    node_xs = ((_blocks(inputs, bn), _blocks(graph.grid_nodes, bn)) if streamed
+               else (_blocks(grid, bn),))
+    xs = node_xs + (_blocks(graph.m2g_senders, 3 * bn), _blocks(graph.m2g_edges, 3 * bn))
     local_receivers = jnp.repeat(jnp.arange(bn, dtype=jnp.int32), 3)  # [3 bn]
 
     @jax.checkpoint
-    def block(mesh_side, grid, senders, features):
-        if mem.gather_after_matmul:
-            L = grid.shape[-1]
-            edge_mlp = EdgeMLP(edge_p, mesh_side, grid @ edge_p["layers"][0][0][2 * L:], True)
+    def block(mesh_side, *x):
+        if streamed:
+            block_inputs, block_features, senders, features = x
+            grid = grid_latents(P_enc, block_features, block_inputs)  # [bn, B, L]
+            grid = grid + mlp(P_enc["processor_nodes_0_grid_nodes"], grid)
         else:
-            edge_mlp = EdgeMLP(edge_p, mesh_side, grid, False)
+            grid, senders, features = x
         edges = _embed_edges(P["encoder_edges_mesh2grid"], features, batch, dtype)
-        messages = edge_mlp(edges, senders, local_receivers)  # [3 bn, B, L]
+        receiver_rows = _node_side(edge_p, grid, "receiver", gam)[local_receivers]
+        messages = edge_messages(edge_p, edges, mesh_side[senders], receiver_rows,
+                                 (gam, gam))  # [3 bn, B, L]
         incoming = _sum_incoming(messages, local_receivers, bn, f32_sum)  # [bn, B, L]
         grid = grid + mlp_concat(P["processor_nodes_0_grid_nodes"], [grid, incoming])
         return mlp(P["decoder_nodes_grid_nodes"], grid)  # [bn, B, O]
 
     _, out = jax.lax.scan(lambda c, x: (c, block(mesh_side, *x)), None, xs)
     return out.reshape((-1,) + out.shape[2:])[:ng]  # [Ng, B, O]
-
-
-# ----------------------------------------------------------------------------------------
-# The network.
 
 
 def _cast_params(tree: Any, dtype) -> Any:
@@ -552,9 +586,9 @@ def graphcast_forward(P: dict, graph: GraphInputs, inputs: Array, mem: MemoryCon
         with jax.named_scope("encoder"):
             return encoder(P_enc, graph, inputs, mem)
 
-    def run_decoder(P_dec, graph, grid, mesh):
+    def run_decoder(P_dec, graph, grid, mesh, P_enc, inputs):
         with jax.named_scope("decoder"):
-            return decoder(P_dec, graph, grid, mesh, mem)
+            return decoder(P_dec, graph, grid, mesh, mem, P_enc, inputs)
 
     if mem.checkpoint_encoder:
         run_encoder = stage_checkpoint(run_encoder)
@@ -563,7 +597,10 @@ def graphcast_forward(P: dict, graph: GraphInputs, inputs: Array, mem: MemoryCon
     grid, mesh = run_encoder(P["encoder"], graph, inputs)
     with jax.named_scope("processor"):
         mesh = processor(P["processor"], graph, mesh, mem)
-    out = run_decoder(P["decoder"], graph, grid, mesh)
+    if mem.stream_grid_nodes:
+        out = run_decoder(P["decoder"], graph, None, mesh, P["encoder"], inputs)
+    else:
+        out = run_decoder(P["decoder"], graph, grid, mesh, None, None)
     return out.astype(jnp.float32)
 
 

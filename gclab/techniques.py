@@ -11,6 +11,7 @@ stated in `tests/test_techniques.py`.
 | `checkpoint_encoder` / `checkpoint_decoder` | one checkpoint around the whole grid2mesh / mesh2grid GNN | their `[E, B, 3L]` internals are not kept for the backward pass | one extra encoder / decoder forward |
 | `edge_block_size` | encoder and decoder edges in blocks of this many edges, each block under its own checkpoint; the decoder runs grid nodes in blocks end to end | no full `[E, B, L]` or `[E, B, 3L]` array lives at once | one extra forward of the edge MLPs; a sequential loop over blocks |
 | `processor_edge_blocks` | the same blocks for the processor's edge updates | removes the `[E, B, 3L]` concatenation of each processor step | as above |
+| `stream_grid_nodes` | grid-node latents are computed block by block where they are used (encoder edge blocks, decoder blocks) | no `[Ng, B, L]` array at all: memory no longer grows with the grid | the grid embedding runs once per grid2mesh edge and once more in the decoder |
 | `gather_after_matmul` | split the first layer of each edge MLP: `W [e, v_s, v_r] = W_e e + (W_s v)[s] + (W_r v)[r]` | no `[E, B, 3L]` concatenation; matmuls on nodes instead of edges | fewer FLOPs (nodes are fewer than edges) |
 | `precision` | `bf16`: bfloat16 activations and compute, float32 parameters, gradients and optimizer state; encoder edge sum in float32 | about half the activation bytes on GPU/TPU (not on XLA:CPU, which upcasts) | faster matmuls on GPU/TPU |
 | `float32_aggregation` | sum incoming messages in float32 everywhere (not only in the encoder) | one float32 `[N, B, L]` buffer per sum | small |
@@ -52,6 +53,10 @@ class MemoryConfig:
       processor_edge_blocks: also run the processor's edge updates in blocks.
       gather_after_matmul: apply the sender/receiver parts of each edge MLP's first layer
         to node latents before the gather.
+      stream_grid_nodes: never hold all grid-node latents: encoder edge blocks embed the
+        grid nodes they send from, and decoder blocks embed and update their own grid
+        nodes (needs `edge_block_size`). Removes every `[Ng, B, L]` array, at the cost
+        of embedding each grid node once more per outgoing grid2mesh edge.
       precision: `f32` or `bf16` (bfloat16 activations, float32 parameters and gradients).
       float32_aggregation: sum messages in float32 everywhere (the encoder always does).
       rollout_remat: checkpoint each autoregressive step of a rollout.
@@ -68,6 +73,7 @@ class MemoryConfig:
     edge_block_size: Optional[int] = None
     processor_edge_blocks: bool = False
     gather_after_matmul: bool = False
+    stream_grid_nodes: bool = False
     precision: str = "f32"
     float32_aggregation: bool = False
     rollout_remat: bool = False
@@ -90,7 +96,8 @@ class MemoryConfig:
         if self.remat_policy not in REMAT_POLICIES:
             fail("remat_policy", "one of " + ", ".join(REMAT_POLICIES))
         for field in ("checkpoint_encoder", "checkpoint_decoder", "processor_edge_blocks",
-                      "gather_after_matmul", "float32_aggregation", "rollout_remat", "donate"):
+                      "gather_after_matmul", "float32_aggregation", "rollout_remat", "donate",
+                      "stream_grid_nodes"):
             if not isinstance(getattr(self, field), bool):
                 fail(field, "True or False")
         if self.edge_block_size is not None and (
@@ -98,6 +105,8 @@ class MemoryConfig:
             fail("edge_block_size", "None or an integer >= 1")
         if self.processor_edge_blocks and self.edge_block_size is None:
             fail("processor_edge_blocks", "needs edge_block_size to be set")
+        if self.stream_grid_nodes and self.edge_block_size is None:
+            fail("stream_grid_nodes", "needs edge_block_size to be set")
         if self.precision not in PRECISIONS:
             fail("precision", "one of " + ", ".join(PRECISIONS))
         if not _is_int(self.microbatches) or self.microbatches < 1:
@@ -174,7 +183,7 @@ def parse_remat_spec(spec: str) -> dict:
 
 # Edge blocks used by the named recipes. Results do not depend on the block size.
 RECIPE_EDGE_BLOCK = 65536
-LEAN_EDGE_BLOCK = 32768
+LEAN_EDGE_BLOCK = 8192
 
 RECIPES = {
     "none": MemoryConfig(),
@@ -188,7 +197,7 @@ RECIPES = {
     "lean": MemoryConfig(processor_remat="nested", remat_group_size=4,
                          checkpoint_encoder=True, checkpoint_decoder=True,
                          edge_block_size=LEAN_EDGE_BLOCK, processor_edge_blocks=True,
-                         gather_after_matmul=True),
+                         gather_after_matmul=True, stream_grid_nodes=True),
 }
 
 

@@ -9,7 +9,6 @@ factor (deterministic: compiled from shapes, nothing is timed).
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 import pytest
 
 from gclab.config import ModelConfig
@@ -79,6 +78,9 @@ F32_TECHNIQUES = {
     "gather after matmul + blocks": MemoryConfig(gather_after_matmul=True, edge_block_size=257,
                                                  processor_edge_blocks=True),
     "float32 aggregation": MemoryConfig(float32_aggregation=True),
+    "stream grid nodes": MemoryConfig(edge_block_size=300, stream_grid_nodes=True),
+    "stream grid nodes + gather after matmul": MemoryConfig(
+        edge_block_size=211, stream_grid_nodes=True, gather_after_matmul=True),
     **{f"recipe {name}": mem.replace(edge_block_size=300 if mem.edge_block_size else None)
        for name, mem in RECIPES.items() if name != "none"},
 }
@@ -147,9 +149,9 @@ def abstract():
     return shapes, inputs
 
 
-def compiled_temp(mem, abstract):
+def compiled_temp(mem, abstract, cfg=MEM_CFG):
     graph, inputs = abstract
-    net = make_network(MEM_CFG, C, O, mem)
+    net = make_network(cfg, C, O, mem)
     params = jax.eval_shape(net.init, jax.random.PRNGKey(0), graph, inputs)
 
     def loss(p, g, x):
@@ -176,6 +178,7 @@ SAVINGS = {
     "edge blocks + processor": (MemoryConfig(edge_block_size=1024,
                                              processor_edge_blocks=True), 0.5),
     "gather after matmul": (MemoryConfig(gather_after_matmul=True), 0.97),
+    "stream grid nodes": (MemoryConfig(edge_block_size=1024, stream_grid_nodes=True), 0.85),
     "recipe deepmind": (get_recipe("deepmind").replace(edge_block_size=1024), 0.7),
     "recipe lean": (get_recipe("lean").replace(edge_block_size=1024), 0.35),
 }
@@ -185,6 +188,19 @@ SAVINGS = {
 def test_technique_lowers_compiled_temp(name, abstract, baseline_temp):
     mem, factor = SAVINGS[name]
     assert compiled_temp(mem, abstract) <= factor * baseline_temp
+
+
+def test_streaming_grid_nodes_lowers_temp_below_edge_blocks_alone():
+    """On a grid-dominated config (2 deg grid, 3 splits, 2 x 64), streaming grid nodes
+    removes the [Ng, B, L] arrays that edge blocks alone still keep."""
+    cfg = ModelConfig(resolution=2.0, mesh_splits=3, latent_size=64, processor_steps=2)
+    graph = graph_inputs(build_graphs(cfg.resolution, cfg.mesh_splits))
+    shapes = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), graph)
+    inputs = jax.ShapeDtypeStruct((graph.grid_nodes.shape[0], 1, C), jnp.float32)
+    blocks = compiled_temp(MemoryConfig(edge_block_size=1024), (shapes, inputs), cfg)
+    streamed = compiled_temp(MemoryConfig(edge_block_size=1024, stream_grid_nodes=True),
+                             (shapes, inputs), cfg)
+    assert streamed <= 0.6 * blocks
 
 
 def test_remat_ratio_is_monotone(abstract):
@@ -242,16 +258,18 @@ def test_malformed_remat_spec_lists_what_is_accepted(spec):
 @pytest.mark.parametrize("field,value", [
     ("processor_remat", "sometimes"), ("remat_group_size", 0), ("remat_ratio", 2.0),
     ("remat_policy", "everything"), ("edge_block_size", 0), ("precision", "fp8"),
-    ("microbatches", 0), ("checkpoint_encoder", "yes"),
+    ("microbatches", 0), ("checkpoint_encoder", "yes"), ("stream_grid_nodes", 1),
 ])
 def test_memory_config_errors_name_the_field(field, value):
     with pytest.raises(ValueError, match=f"MemoryConfig.{field}="):
         MemoryConfig(**{field: value})
 
 
-def test_processor_edge_blocks_need_a_block_size():
+def test_block_switches_need_a_block_size():
     with pytest.raises(ValueError, match="processor_edge_blocks"):
         MemoryConfig(processor_edge_blocks=True)
+    with pytest.raises(ValueError, match="stream_grid_nodes"):
+        MemoryConfig(stream_grid_nodes=True)
 
 
 def test_unknown_recipe_lists_recipes():
