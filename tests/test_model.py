@@ -36,7 +36,8 @@ def test_every_preset_has_a_parameter_tree_convertible_to_official(name):
     # Official blocks: 6 (encoder) + 1 + 2 S (processor) + 5 (decoder), MLP and norm.
     mlps = {k.split("_mlp/")[0] for k in official if "_mlp/" in k}
     assert len(mlps) == 6 + 1 + 2 * steps + 5
-    assert f"mesh_gnn/~_networks_builder/processor_edges_{steps - 1}_mesh_mlp/~/linear_0" in official
+    last = f"mesh_gnn/~_networks_builder/processor_edges_{steps - 1}_mesh_mlp/~/linear_0"
+    assert last in official
     back = params_lib.from_official(official)
     assert jax.tree_util.tree_structure(back) == jax.tree_util.tree_structure(tree)
 
