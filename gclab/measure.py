@@ -18,7 +18,7 @@ Two complementary views of memory:
     75% of the card up front and the peak says nothing);
   - on CPU (where `memory_stats()` is None), the peak heap seen by `memray.Tracker`
     during the workload, plus the process's peak resident set size
-    (`getrusage(RUSAGE_SELF).ru_maxrss`).
+    (`VmHWM` on Linux, else `getrusage(RUSAGE_SELF).ru_maxrss`).
 
   An out-of-memory failure in the child (``RESOURCE_EXHAUSTED``, ``Out of memory``,
   `MemoryError`, or the child killed by SIGKILL) comes back as status ``'oom'``; any
@@ -393,10 +393,28 @@ def measure_peak(
     return result
 
 
+def _peak_rss_bytes() -> int:
+    """This process's peak resident set size.
+
+    On Linux, `VmHWM` from /proc/self/status: it starts afresh at exec, whereas
+    `ru_maxrss` of a forked-and-exec'd child starts from its parent's high-water mark.
+    """
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024  # kB
+    except OSError:
+        pass
+    import resource
+
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(rss if sys.platform == "darwin" else rss * 1024)  # KiB on Linux, B on macOS
+
+
 def _worker_main() -> int:
     """Entry point of the child process started by `measure_peak` (reads stdin)."""
     import importlib
-    import resource
     import traceback
 
     spec = json.loads(sys.stdin.read())
@@ -436,9 +454,7 @@ def _worker_main() -> int:
         report["traceback"] = traceback.format_exc()[-4000:]
         report["wall_seconds"] = time.perf_counter() - start
     finally:
-        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        # ru_maxrss is in KiB on Linux, bytes on macOS.
-        report["peak_rss_bytes"] = int(rss if sys.platform == "darwin" else rss * 1024)
+        report["peak_rss_bytes"] = _peak_rss_bytes()
         for name in os.listdir(tmpdir):
             os.remove(os.path.join(tmpdir, name))
         os.rmdir(tmpdir)
