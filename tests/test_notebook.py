@@ -1,0 +1,48 @@
+"""The chapters' shared helpers: hardware report, scale choice, recorded measurements."""
+
+import json
+
+import pytest
+
+from gclab.notebook import SCALES, choose_scale, hardware_report, recorded
+
+
+def test_hardware_report_names_backend_device_versions_and_date():
+    report = hardware_report()
+    for key in ("backend", "device", "device memory", "host memory", "cpu cores", "versions",
+                "date"):
+        assert key in report
+    assert report["backend"] == "cpu"
+    assert "jax " in report["versions"] and "gclab " in report["versions"]
+    text = str(report)
+    assert text.count("\n") == len(report) - 1 and "backend" in text
+
+
+def test_scale_defaults_to_cpu_here(monkeypatch):
+    monkeypatch.delenv("GCLAB_SCALE", raising=False)
+    assert choose_scale() == "cpu"
+
+
+@pytest.mark.parametrize("value", SCALES)
+def test_scale_can_be_forced(monkeypatch, value):
+    monkeypatch.setenv("GCLAB_SCALE", value.upper())
+    assert choose_scale() == value
+
+
+def test_bad_scale_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv("GCLAB_SCALE", "huge")
+    with pytest.raises(ValueError, match="GCLAB_SCALE='huge' is invalid: one of cpu, gpu, big"):
+        choose_scale()
+
+
+def test_recorded_reads_json_with_hardware_and_date(tmp_path):
+    assert recorded("absent", tmp_path) is None
+    (tmp_path / "good.json").write_text(json.dumps({"hardware": "H100", "date": "2026-11-23",
+                                                    "temp_bytes": 5}))
+    assert recorded("good", tmp_path)["temp_bytes"] == 5
+    (tmp_path / "anonymous.json").write_text(json.dumps({"temp_bytes": 5}))
+    with pytest.raises(ValueError, match="hardware"):
+        recorded("anonymous", tmp_path)
+    (tmp_path / "broken.json").write_text("{")
+    with pytest.raises(ValueError, match="not valid JSON"):
+        recorded("broken", tmp_path)
