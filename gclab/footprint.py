@@ -1,0 +1,177 @@
+"""One training step of any configuration, from shapes alone: compiled memory, timeline.
+
+A `StepSpec` names a model, a task, the memory techniques, a batch size and a rollout
+length. `train_step_memory(spec)` compiles one full training step (loss + gradients +
+AdamW update, via `gclab.training`) from `jax.ShapeDtypeStruct`s, so nothing is allocated
+and the 0.25 deg model can be sized on a laptop; only the graphs are built (cached on disk).
+
+Shapes: B batch, Ng grid nodes, C data channels, O outputs, T rollout steps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Callable, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from gclab.config import ModelConfig, TaskConfig
+from gclab.graphs import Graphs, graphs_for
+from gclab.measure import CompiledMemory, compile_fn, memory_of_compiled
+from gclab.model import count_params as _count_tree
+from gclab.model import graph_inputs, make_network, param_shapes
+from gclab.techniques import RECIPES, MemoryConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class StepSpec:
+    """One training step: model, task, memory techniques, batch size, rollout length."""
+
+    model: ModelConfig
+    task: TaskConfig
+    memory: MemoryConfig = MemoryConfig()
+    batch: int = 1
+    rollout: int = 1
+
+    def __post_init__(self) -> None:
+        for field in ("batch", "rollout"):
+            v = getattr(self, field)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"StepSpec.{field}={v!r} is invalid: an integer >= 1.")
+        if self.batch % self.memory.microbatches:
+            raise ValueError(f"StepSpec.batch={self.batch} is invalid: it must be a multiple "
+                             f"of MemoryConfig.microbatches={self.memory.microbatches}.")
+
+    def memory_label(self) -> str:
+        """The recipe name if the techniques equal one, else a short description."""
+        for name, mem in RECIPES.items():
+            if mem.replace(precision=self.memory.precision) == self.memory:
+                return f"{name} ({self.memory.precision})"
+        return f"custom ({self.memory.precision}, remat {self.memory.remat_spec})"
+
+    def title(self) -> str:
+        m = self.model
+        return (f"{m.resolution:g} deg / {m.mesh_splits} splits, {m.processor_steps} x "
+                f"{m.latent_size}, {self.task.num_levels} levels, batch {self.batch}, "
+                f"rollout {self.rollout}, {self.memory_label()}")
+
+    def describe(self) -> dict:
+        """The resolved config as a flat JSON-able dict."""
+        return {**{f"model.{k}": v for k, v in dataclasses.asdict(self.model).items()},
+                "task.levels": self.task.num_levels,
+                "task.precipitation_input": self.task.precipitation_input,
+                **{f"memory.{k}": v for k, v in dataclasses.asdict(self.memory).items()},
+                "batch": self.batch, "rollout": self.rollout}
+
+
+@dataclasses.dataclass(frozen=True)
+class StepMemory(CompiledMemory):
+    """`CompiledMemory` of a training step, with the model's parameter count."""
+
+    num_params: int = 0
+
+
+def count_params(model: ModelConfig, task: TaskConfig) -> int:
+    """Parameter count of a model for a task (no allocation)."""
+    return _count_tree(param_shapes(model, task.data_channels, task.output_channels))
+
+
+def _abstract(tree):
+    return jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(np.shape(a), a.dtype), tree)
+
+
+def train_step_abstract(spec: StepSpec, graphs: Optional[Graphs] = None):
+    """The jittable training step and its arguments as `ShapeDtypeStruct`s.
+
+    Returns:
+      `(step_fn, (state, graph, example))`: `step_fn(state, graph, example) -> (state,
+      metrics)`, donating `state` when `spec.memory.donate`.
+    """
+    from gclab import training
+
+    graphs = graphs if graphs is not None else graphs_for(spec.model)
+    graph = _abstract(graph_inputs(graphs))
+    net = make_network(spec.model, spec.task.data_channels, spec.task.output_channels,
+                       spec.memory)
+    optimizer = training.make_optimizer(training.TrainConfig())
+    ng = graphs.num_grid_nodes
+    example = training.example_shapes(spec.task, ng, spec.batch, spec.rollout)
+    params = param_shapes(spec.model, spec.task.data_channels, spec.task.output_channels)
+    state = jax.eval_shape(lambda p: training.init_state_from_params(p, optimizer), params)
+    weights = training.loss_weights_for(spec.task, graphs.grid_lat, graphs.n_lon)
+    step = training.train_step_fn(net, optimizer, spec.task, spec.memory, spec.rollout,
+                                  weights)
+    return step, (state, graph, example)
+
+
+def train_step_memory(spec: StepSpec, graphs: Optional[Graphs] = None) -> StepMemory:
+    """XLA's compiled memory of one training step of `spec`, from shapes alone."""
+    step, args = train_step_abstract(spec, graphs)
+    donate = (0,) if spec.memory.donate else ()
+    compiled, seconds = _compile(step, args, donate)
+    m = memory_of_compiled(compiled, seconds)
+    return StepMemory(**dataclasses.asdict(m), num_params=count_params(spec.model, spec.task))
+
+
+def _compile(step: Callable, args, donate):
+    import time
+
+    t0 = time.perf_counter()
+    compiled = compile_fn(step, *args, donate_argnums=donate)
+    return compiled, time.perf_counter() - t0
+
+
+def train_step_timeline(spec: StepSpec, graphs: Optional[Graphs] = None):
+    """The memory timeline (`gclab.timeline.Timeline`) of one training step of `spec`."""
+    from gclab.timeline import memory_timeline
+
+    step, args = train_step_abstract(spec, graphs)
+    donate = (0,) if spec.memory.donate else ()
+    return memory_timeline(step, *args, donate_argnums=donate, name=spec.memory_label())
+
+
+def loss_grad_abstract(spec: StepSpec, graphs: Optional[Graphs] = None):
+    """`(loss_fn, (params, graph, example))` with abstract arguments, for saved residuals."""
+    from gclab import training
+
+    graphs = graphs if graphs is not None else graphs_for(spec.model)
+    graph = _abstract(graph_inputs(graphs))
+    net = make_network(spec.model, spec.task.data_channels, spec.task.output_channels,
+                       spec.memory)
+    example = training.example_shapes(spec.task, graphs.num_grid_nodes, spec.batch,
+                                      spec.rollout)
+    params = param_shapes(spec.model, spec.task.data_channels, spec.task.output_channels)
+    weights = training.loss_weights_for(spec.task, graphs.grid_lat, graphs.n_lon)
+    loss = functools.partial(training.rollout_loss, net=net, task=spec.task,
+                             memory=spec.memory, rollout=spec.rollout, weights=weights)
+    return loss, (params, graph, example)
+
+
+def make_live_step(spec: StepSpec, seed: int = 0, graphs: Optional[Graphs] = None) -> Callable:
+    """A zero-argument callable that runs one real jitted training step and blocks."""
+    step, (state_s, graph_s, example_s) = train_step_abstract(spec, graphs)
+    graphs = graphs if graphs is not None else graphs_for(spec.model)
+    graph = graph_inputs(graphs)
+    key = jax.random.PRNGKey(seed)
+
+    def fill(s):
+        nonlocal key
+        key, sub = jax.random.split(key)
+        if jnp.issubdtype(s.dtype, jnp.floating):
+            return 0.1 * jax.random.normal(sub, s.shape, s.dtype)
+        return jnp.zeros(s.shape, s.dtype)
+
+    state = jax.tree_util.tree_map(fill, state_s)
+    example = jax.tree_util.tree_map(fill, example_s)
+    jitted = jax.jit(step, donate_argnums=(0,) if spec.memory.donate else ())
+    holder = {"state": state}
+
+    def run():
+        holder["state"], metrics = jitted(holder["state"], graph, example)
+        jax.block_until_ready(metrics)
+
+    run()  # compile outside the timed calls
+    return run
