@@ -231,7 +231,7 @@ def train_step_fn(net: hk.Transformed, optimizer: optax.GradientTransformation,
         with jax.named_scope("optimizer"):
             updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
             params = optax.apply_updates(state.params, updates)
-        metrics = {"loss": loss, "grad_norm": optax.global_norm(grads)}
+        metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads)}
         return TrainState(params, opt_state, state.step + 1), metrics
 
     return step
