@@ -208,7 +208,7 @@ def cmd_plan(args) -> int:
                       precision=args.precision,
                       use_compiled={"auto": "auto", "yes": True, "no": False}[args.compiled])
     except NothingFits as e:
-        print(f"nothing fits: {e}", file=sys.stderr)
+        print(f"gclab plan: {e}", file=sys.stderr)
         return 1
     if args.json:
         _print_json(result.to_dict())

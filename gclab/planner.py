@@ -42,7 +42,7 @@ BUDGET_HELP = ("a number of bytes (e.g. 1000000), a number with a unit (B, KB, M
                "'12GB', '500MiB'), or a card: " + ", ".join(CARDS))
 #: Auto mode compiles only grids up to this many nodes (2 deg: 16,380; 1 deg takes tens
 #: of seconds per compile, 0.25 deg minutes).
-AUTO_COMPILE_MAX_GRID_NODES = 20_000
+AUTO_COMPILE_MAX_GRID_NODES = 70_000  # up to 1 deg: a compile takes seconds
 #: Edge block sizes of the ladder.
 EDGE_BLOCK = 65536
 

@@ -121,17 +121,8 @@ def compile_spec(spec) -> dict:
     """Compiled memory of one training step of `spec` (a `StepSpec`) as a dict.
 
     Uses `gclab.footprint.train_step_memory` (loss + gradients + AdamW update; `figure`
-    is `train_step`). Where the training module is not installed, falls back to loss +
-    gradient of a mean-square loss (`gclab.analytical.compiled_loss_grad`; `figure` is
-    `loss_grad`).
+    is `train_step`).
     """
-    try:
-        import gclab.training  # noqa: F401
-    except ModuleNotFoundError:
-        from gclab.analytical import compiled_loss_grad, param_count
-
-        c = compiled_loss_grad(spec.model, spec.task, spec.memory, spec.batch).to_dict()
-        return {**c, "num_params": param_count(spec.model, spec.task), "figure": "loss_grad"}
     from gclab import footprint
 
     return {**footprint.train_step_memory(spec).to_dict(), "figure": "train_step"}
@@ -156,14 +147,9 @@ def _measure_target(spec_json: dict, steps: int = 3, seed: int = 0) -> dict:
                                            spec_json["precipitation_input"]),
                     MemoryConfig(**spec_json["memory"]), spec_json["batch"],
                     spec_json["rollout"])
-    try:
-        import gclab.training  # noqa: F401
-    except ModuleNotFoundError:  # loss + gradient of a mean-square loss, no optimizer
-        run = _live_loss_grad(spec, seed)
-    else:
-        from gclab.footprint import make_live_step
+    from gclab.footprint import make_live_step
 
-        run = make_live_step(spec, seed=seed)  # compiles and runs one step
+    run = make_live_step(spec, seed=seed)  # compiles and runs one step
     times = []
     for _ in range(max(1, int(steps))):
         t0 = time.perf_counter()
@@ -171,31 +157,6 @@ def _measure_target(spec_json: dict, steps: int = 3, seed: int = 0) -> dict:
         times.append(time.perf_counter() - t0)
     times.sort()
     return {"step_seconds": times[len(times) // 2], "steps": len(times)}
-
-
-def _live_loss_grad(spec, seed: int):
-    """A zero-argument callable running one jitted loss + gradient on random inputs."""
-    import jax
-    import jax.numpy as jnp
-
-    from gclab.graphs import graphs_for
-    from gclab.model import graph_inputs, make_network
-
-    graphs = graphs_for(spec.model)
-    graph = graph_inputs(graphs)
-    task = spec.task
-    net = make_network(spec.model, task.data_channels, task.output_channels, spec.memory)
-    key_p, key_x = jax.random.split(jax.random.PRNGKey(seed))
-    inputs = jax.random.normal(key_x, (graphs.num_grid_nodes, spec.batch,
-                                       task.data_channels))  # [Ng, B, C]
-    params = net.init(key_p, graph, inputs)
-    grad = jax.jit(jax.grad(lambda p, g, x: jnp.mean(net.apply(p, g, x) ** 2)))
-
-    def run():
-        jax.block_until_ready(grad(params, graph, inputs))
-
-    run()  # compile outside the timed calls
-    return run
 
 
 def _measure(config: Any, memory: MemoryConfig, timeout: float) -> dict:
