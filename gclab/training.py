@@ -159,18 +159,28 @@ def rollout_loss(params, graph, example: Example, *, net: hk.Transformed, task: 
         raise ValueError(f"example has {example.targets.shape[0]} target steps, "
                          f"rollout is {rollout}")
 
-    def one_step(inputs, xs):
-        target, forcing = xs
+    def predict_and_loss(inputs, target):
         with jax.named_scope("network"):
             prediction = net.apply(params, graph, inputs)  # [Ng, B, O]
         with jax.named_scope("loss"):
-            loss = weighted_mse(prediction, target, weights)
+            return prediction, weighted_mse(prediction, target, weights)
+
+    def one_step(inputs, xs):
+        target, forcing = xs
+        prediction, loss = predict_and_loss(inputs, target)
         return next_inputs(task, inputs, prediction, forcing, residual_scale), loss
 
+    def last_step(inputs, target):  # the last step needs no next inputs
+        return predict_and_loss(inputs, target)[1]
+
     if memory.rollout_remat:
-        one_step = jax.checkpoint(one_step)
-    _, losses = jax.lax.scan(one_step, example.inputs, (example.targets, example.forcings))
-    return jnp.mean(losses)
+        one_step, last_step = jax.checkpoint(one_step), jax.checkpoint(last_step)
+    inputs, losses = example.inputs, []
+    if rollout > 1:
+        inputs, losses = jax.lax.scan(one_step, inputs, (example.targets[:-1],
+                                                         example.forcings[:-1]))  # [T-1]
+        losses = [jnp.sum(losses)]
+    return (sum(losses) + last_step(inputs, example.targets[-1])) / rollout
 
 
 def _split_batch(example: Example, k: int) -> Example:
