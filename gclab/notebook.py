@@ -14,12 +14,17 @@ and are read with `recorded(name)`.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import os
 import platform
+import statistics
+import time
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
+
+from gclab.config import ModelConfig
 
 SCALES = ("cpu", "gpu", "big")
 BIG_CARD_BYTES = 60 * 2**30  # cards with at least this much memory run at `big`
@@ -74,24 +79,124 @@ def hardware_report() -> HardwareReport:
     })
 
 
-def choose_scale() -> str:
-    """`cpu`, `gpu` or `big`: from `GCLAB_SCALE` if set, else from the hardware.
+@dataclasses.dataclass(frozen=True, eq=False)
+class Scale:
+    """The sizes a chapter runs at, picked from the hardware by `choose_scale`.
+
+    A `Scale` compares equal to its name (``SCALE == "cpu"``) and its ``repr`` is the
+    quoted name, so chapters can branch on it like a string; ``str(scale)`` and
+    `describe` spell out the sizes.
+
+    Attributes:
+      name: ``cpu``, ``gpu`` or ``big``.
+      compiled: the model whose training step is compiled (memory from shapes alone;
+        compiling costs time, not device memory).
+      live: the model that is actually run (forward passes, gradients, timed steps).
+      geometries: ``(resolution, mesh_splits)`` pairs for "how it grows" sweeps, coarse
+        to fine.
+      timed_repeats: timed calls per measurement (after one warm-up call).
+    """
+
+    name: str
+    compiled: ModelConfig
+    live: ModelConfig
+    geometries: tuple
+    timed_repeats: int
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, str):
+            return self.name == other
+        if isinstance(other, Scale):
+            return (self.name, self.compiled, self.live, self.geometries,
+                    self.timed_repeats) == (other.name, other.compiled, other.live,
+                                            other.geometries, other.timed_repeats)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self.name)
+
+    def __repr__(self) -> str:
+        return repr(self.name)
+
+    def __str__(self) -> str:
+        return f"{self.name}: " + "; ".join(f"{k} {v}" for k, v in self.describe().items()
+                                            if k != "scale")
+
+    def describe(self) -> dict:
+        """The sizes as a flat dict of short strings."""
+        def model(m: ModelConfig) -> str:
+            return (f"{m.resolution:g} deg / {m.mesh_splits} splits, "
+                    f"{m.processor_steps} x {m.latent_size}")
+
+        return {"scale": self.name, "compiled": model(self.compiled), "live": model(self.live),
+                "geometries": ", ".join(f"{r:g} deg/{s}" for r, s in self.geometries),
+                "timed repeats": str(self.timed_repeats)}
+
+
+def _scale(name: str, compiled: tuple, live: tuple, geometries: tuple,
+           timed_repeats: int) -> Scale:
+    def model(res: float, splits: int, steps: int, latent: int) -> ModelConfig:
+        return ModelConfig(resolution=res, mesh_splits=splits, processor_steps=steps,
+                           latent_size=latent)
+
+    return Scale(name, model(*compiled), model(*live), geometries, timed_repeats)
+
+
+# (resolution, splits, steps, latent) of the compiled and live models; sweep geometries.
+SCALE_TABLE = {
+    # 2 cores: each chapter within about 3 minutes.
+    "cpu": _scale("cpu", (4.0, 3, 8, 128), (4.0, 3, 4, 32), ((4.0, 3), (2.0, 4)), 1),
+    # Colab T4 / L4: compiled figures of GraphCast_small's sizes, mid-size live runs.
+    "gpu": _scale("gpu", (1.0, 5, 16, 512), (2.0, 4, 16, 256),
+                  ((4.0, 3), (2.0, 4), (1.0, 5)), 3),
+    # 80 GB-class: the published model compiled, GraphCast_small run for real.
+    "big": _scale("big", (0.25, 6, 16, 512), (1.0, 5, 16, 512),
+                  ((4.0, 3), (2.0, 4), (1.0, 5), (0.25, 6)), 5),
+}
+
+
+def print_hardware() -> HardwareReport:
+    """Prints `hardware_report()` as an aligned table and returns it."""
+    report = hardware_report()
+    print(report)
+    return report
+
+
+def seconds_per_call(fn: Callable[[], object], repeats: int = 1) -> float:
+    """Median wall seconds of `fn()` over `repeats` calls, after one untimed warm-up call.
+
+    `fn` must block until its work is done (e.g. end in `jax.block_until_ready`).
+    """
+    fn()
+    times = []
+    for _ in range(max(1, repeats)):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return float(statistics.median(times))
+
+
+def choose_scale() -> Scale:
+    """The `Scale` of this machine: `GCLAB_SCALE` if set, else from the hardware.
+
+    CPU backends get ``cpu``; accelerators with at least `BIG_CARD_BYTES` of memory get
+    ``big``, smaller ones ``gpu``.
 
     Raises:
-      ValueError: `GCLAB_SCALE` set to anything else.
+      ValueError: `GCLAB_SCALE` set to anything but ``cpu``, ``gpu`` or ``big``.
     """
     forced = os.environ.get("GCLAB_SCALE", "").strip().lower()
     if forced:
         if forced not in SCALES:
             raise ValueError(f"GCLAB_SCALE={os.environ['GCLAB_SCALE']!r} is invalid: one of "
                              + ", ".join(SCALES))
-        return forced
+        return SCALE_TABLE[forced]
     import jax
 
     if jax.default_backend() == "cpu":
-        return "cpu"
+        return SCALE_TABLE["cpu"]
     memory = _device_memory(jax.devices()[0]) or 0
-    return "big" if memory >= BIG_CARD_BYTES else "gpu"
+    return SCALE_TABLE["big" if memory >= BIG_CARD_BYTES else "gpu"]
 
 
 def recorded(name: str, data_dir: Optional[Path] = None) -> Optional[dict]:

@@ -1,10 +1,19 @@
 """The chapters' shared helpers: hardware report, scale choice, recorded measurements."""
 
+import dataclasses
 import json
 
 import pytest
 
-from gclab.notebook import SCALES, choose_scale, hardware_report, recorded
+from gclab.notebook import (
+    SCALE_TABLE,
+    SCALES,
+    Scale,
+    choose_scale,
+    hardware_report,
+    recorded,
+    seconds_per_call,
+)
 
 
 def test_hardware_report_names_backend_device_versions_and_date():
@@ -46,3 +55,31 @@ def test_recorded_reads_json_with_hardware_and_date(tmp_path):
     (tmp_path / "broken.json").write_text("{")
     with pytest.raises(ValueError, match="not valid JSON"):
         recorded("broken", tmp_path)
+
+
+def test_scale_is_a_frozen_config_that_compares_with_its_name(monkeypatch):
+    monkeypatch.setenv("GCLAB_SCALE", "cpu")
+    scale = choose_scale()
+    assert scale == "cpu" and scale != "gpu" and repr(scale) == "'cpu'"
+    assert isinstance(scale, Scale)
+    assert (scale.compiled.resolution, scale.compiled.mesh_splits) == (4.0, 3)
+    assert scale.live.latent_size <= scale.compiled.latent_size <= 128
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        scale.name = "big"
+    assert "4 deg / 3 splits" in str(scale) and str(scale).startswith("cpu: ")
+
+
+def test_scales_grow_from_cpu_to_big():
+    cpu, gpu, big = (SCALE_TABLE[name] for name in SCALES)
+    nodes = [s.compiled.num_grid_nodes for s in (cpu, gpu, big)]
+    assert nodes == sorted(nodes) and nodes[0] < nodes[-1]
+    assert (big.compiled.resolution, big.compiled.mesh_splits) == (0.25, 6)
+    assert (gpu.compiled.resolution, gpu.compiled.latent_size) == (1.0, 512)
+    for scale in (cpu, gpu, big):
+        assert list(scale.geometries) == sorted(scale.geometries, reverse=True)
+
+
+def test_seconds_per_call_warms_up_then_times():
+    calls = []
+    seconds = seconds_per_call(lambda: calls.append(1), repeats=3)
+    assert len(calls) == 4 and seconds >= 0.0
