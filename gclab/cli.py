@@ -182,12 +182,17 @@ def cmd_timeline(args) -> int:
     from gclab.measure import format_bytes
     from gclab.plots import plot_timeline
 
-    spec = _spec(args)
-    tl = train_step_timeline(spec)
-    print(f"{spec.title()}: peak {format_bytes(tl.peak_bytes)} at {tl.peak_stage} "
-          f"(compiled temp {format_bytes(tl.temp_bytes)})")
+    timelines, labels = [], []
+    for recipe in args.recipe.split(","):  # several recipes: overlaid in one picture
+        args.recipe = recipe.strip()
+        spec = _spec(args)
+        tl = train_step_timeline(spec)
+        print(f"{spec.title()}: peak {format_bytes(tl.peak_bytes)} at {tl.peak_stage} "
+              f"(compiled temp {format_bytes(tl.temp_bytes)})")
+        timelines.append(tl)
+        labels.append(spec.memory_label())
     if args.plot:
-        fig = plot_timeline(tl, labels=[spec.memory_label()])
+        fig = plot_timeline(timelines if len(timelines) > 1 else timelines[0], labels=labels)
         fig.savefig(args.plot, dpi=120, bbox_inches="tight")
         print(f"wrote {args.plot}")
     return 0
@@ -238,7 +243,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_memory)
 
-    p = sub.add_parser("timeline", help="memory timeline of one training step")
+    p = sub.add_parser("timeline", help="memory timeline of one training step "
+                       "(--recipe A,B overlays several)")
     _add_model_args(p)
     _add_memory_args(p)
     p.add_argument("--plot", metavar="FILE.png", help="save the timeline picture")
