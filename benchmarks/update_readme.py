@@ -1,0 +1,73 @@
+"""Writes the README's measured blocks from the recorded result files.
+
+The README shows numbers only through this script: the recipe table comes from
+`benchmarks/results/memory-cpu.json` (written by `memory_recipes.py`) and the planner
+example from `benchmarks/results/plan-graphcast-small-T4.txt` (the output of
+`python -m gclab plan --budget T4 --preset graphcast-small`). `tests/test_readme.py`
+checks that the README matches them.
+
+    python benchmarks/update_readme.py
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+GIB = 2**30
+
+
+def _gib(n: float) -> str:
+    return f"{n / GIB:.2f} GiB"
+
+
+def memory_block() -> str:
+    record = json.loads((RESULTS / "memory-cpu.json").read_text())
+    rows = {(r["preset"], r["precision"], r["recipe"]): r for r in record["recipes"]}
+    hw = record["hardware"]
+    recipes = ("none", "per-step", "deepmind", "lean")
+    lines = [f"Measured on {hw['device']} ({hw['cpu_count']} cores), jax {hw['jax']}, "
+             f"{hw['date'][:10]}:", "",
+             "| model | " + " | ".join(f"`{r}`" for r in recipes) + " |",
+             "|---|" + "---:|" * len(recipes)]
+    for preset, title in (("graphcast-small", "graphcast-small (1 deg, f32)"),
+                          ("graphcast", "graphcast (0.25 deg, 37 levels, f32)")):
+        lines.append(f"| {title} | " + " | ".join(
+            _gib(rows[(preset, "f32", r)]["temp_bytes"]) for r in recipes) + " |")
+    checks = {c["target"]: c for c in record["targets"]}
+    rollout = next(c for name, c in checks.items() if name.startswith("rollout"))
+    lines += ["", f"Rollouts with `rollout_remat`: 12 steps need {rollout['value']:.2f}x the "
+              "temp of one. Targets met: "
+              f"{sum(c['met'] for c in checks.values())} of {len(checks)} (see the full table)."]
+    return "\n".join(lines)
+
+
+def plan_block() -> str:
+    return "```\n" + (RESULTS / "plan-graphcast-small-T4.txt").read_text().strip() + "\n```"
+
+
+BLOCKS = {"memory-table": memory_block, "plan-example": plan_block}
+
+
+def render(readme: str) -> str:
+    for name, make in BLOCKS.items():
+        pattern = re.compile(rf"(<!-- {name}:start -->).*?(<!-- {name}:end -->)", re.S)
+        if not pattern.search(readme):
+            raise ValueError(f"README has no <!-- {name}:start/end --> block")
+        block = make()
+        readme = pattern.sub(lambda m, b=block: f"{m.group(1)}\n{b}\n{m.group(2)}", readme)
+    return readme
+
+
+def main() -> int:
+    path = ROOT / "README.md"
+    path.write_text(render(path.read_text()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
