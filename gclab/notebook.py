@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
+import math
 import os
 import platform
 import statistics
@@ -174,6 +175,45 @@ def seconds_per_call(fn: Callable[[], object], repeats: int = 1) -> float:
         fn()
         times.append(time.perf_counter() - t0)
     return float(statistics.median(times))
+
+
+def op_by_op_bytes(fn: Callable, *args) -> dict:
+    """Bytes an op-by-op (un-fused, un-jitted) execution of `fn` would allocate.
+
+    Traces `fn` to a jaxpr (nothing runs) and walks its top-level equations in order, as
+    eager execution does: every equation materialises its outputs, and a value is freed
+    after its last use (outputs of `fn` stay to the end; arguments are not counted).
+
+    Returns:
+      ``{'ops': equations, 'output_bytes': sum of all equation outputs,
+      'peak_live_bytes': most intermediate bytes alive at once}``.
+    """
+    import jax
+    from jax.extend.core import Var
+
+    jaxpr = jax.make_jaxpr(fn)(*args).jaxpr
+
+    def nbytes(v) -> int:
+        aval = v.aval
+        return int(math.prod(aval.shape)) * aval.dtype.itemsize if hasattr(aval, "shape") else 0
+
+    last_use = {}
+    for i, eqn in enumerate(jaxpr.eqns):
+        for v in eqn.invars:
+            if isinstance(v, Var):
+                last_use[v] = i
+    for v in jaxpr.outvars:
+        if isinstance(v, Var):
+            last_use[v] = len(jaxpr.eqns)
+    live, total, peak = {}, 0, 0
+    for i, eqn in enumerate(jaxpr.eqns):
+        for v in eqn.outvars:
+            live[v] = nbytes(v)
+            total += live[v]
+        peak = max(peak, sum(live.values()))
+        for v in [v for v in live if last_use.get(v, -1) <= i]:
+            del live[v]
+    return {"ops": len(jaxpr.eqns), "output_bytes": total, "peak_live_bytes": peak}
 
 
 def choose_scale() -> Scale:
