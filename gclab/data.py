@@ -1,43 +1,189 @@
 """Synthetic weather: seeded, smooth fields on the sphere with the task's channel layout.
 
 No data can be downloaded here, so training and measurement run on synthetic weather of
-realistic shapes. Every variable is a mix of K smooth basis fields on the sphere,
+realistic shapes and units. Every variable is a climatological value plus a spread times an
+anomaly, and every anomaly mixes the same K travelling basis fields
 
-    b_k(lat, lon, t) = cos(lat)^m_k cos(m_k lon - w_k t + phase_k) P_k(sin lat),
+    b_k(lat, lon, t) = cos(lat)^m_k P_k(sin lat) cos(m_k lon - w_k t + phase_k) / rms_k,
 
-continuous at the poles (the zonal wavenumber m_k comes with cos(lat)^m_k) and drifting
-slowly in time, so consecutive 6-hour frames are correlated and the residual to the next
-frame is learnable. Atmospheric variables mix the basis smoothly across pressure levels.
-Forcings follow the real definitions (top-of-atmosphere solar radiation from the solar
-declination and hour angle; year and day progress as sin/cos); statics are a smooth
-surface geopotential and a land-sea mask. Everything depends on the seed only.
+with zonal wavenumber m_k in 0..4 and P_k a quadratic. The factor cos(lat)^m_k makes each
+field continuous at the poles (every longitude of a pole row gets the same value when
+m_k > 0), the low degrees make it smooth, and the phases drift by w_k radians per 6-hour
+frame, so consecutive frames are correlated and the residual to the next frame is a
+learnable function of the state. Atmospheric variables mix the basis smoothly in
+log-pressure, so a level means the same thing in every task. Precipitation and specific
+humidity are kept positive by a softplus.
 
-Shapes: T frames, Ng grid nodes, B batch, O target channels, V input variables per frame,
-C data channels, K basis fields.
+Everything is a function of the seed and of (lat, lon, time, channel) only: the same seed
+gives the same values at the same points whatever the resolution or level set. Forcings
+follow their real definitions (top-of-atmosphere solar radiation from the solar declination
+and hour angle, accumulated over the hour ending at the frame; year progress and local day
+progress as sin/cos); statics are a surface geopotential (zero over sea) and a land-sea mask.
+Frame t is `EPOCH_HOURS + 6 t` hours after 1970-01-01T00 UTC.
+
+Input channel order (`TaskConfig.data_channels`, C in all): frame t-1 variables (V), frame t
+variables (V), forcings of frames t-1, t and t+1 (3 x 5), statics (2). The V input variables
+are `task.target_channel_names` in order, without precipitation when
+`task.precipitation_input` is False.
+
+Shapes: T frames or rollout steps, Ng grid nodes, B batch, O target channels, V input
+variables per frame, C data channels, K basis fields.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple
+import math
+from typing import NamedTuple, Sequence
 
 import numpy as np
 
-from gclab.config import ATMOSPHERIC_VARIABLES, SURFACE_VARIABLES, TaskConfig
+from gclab.config import (
+    ATMOSPHERIC_VARIABLES,
+    FORCING_VARIABLES,
+    STATIC_VARIABLES,
+    SURFACE_VARIABLES,
+    ModelConfig,
+    TaskConfig,
+)
 from gclab.training import Example, input_variable_channels
 
+__all__ = ["Example", "Normalization", "RawExample", "SyntheticWeather"]
+
 HOURS_PER_FRAME = 6.0
-HOURS_PER_YEAR = 24.0 * 365.25
-STATS_FRAMES = 24
+EPOCH_HOURS = 16801 * 24.0  # 2016-01-01T00 UTC in hours since 1970-01-01T00 UTC
+DAYS_PER_YEAR = 365.24219
+SOLAR_CONSTANT = 1361.0  # W m-2
+GRAVITY = 9.80665  # m s-2
+SAMPLE_SPACING = 13  # frames between the samples of a batch (odd: they differ in hour)
+STATS_SAMPLES = 48  # frame pairs behind `Normalization`
+STATS_SPACING = 31  # frames between them (31 x 6 h: every 6 h of day, about a year)
+STATS_MAX_NODES = 4096  # nodes sampled for the statistics of a large grid
+MAX_WAVENUMBER = 4
+LAND_THRESHOLD = 0.55  # land where the land anomaly exceeds this (about 29% of the globe)
+NUM_FORCINGS = len(FORCING_VARIABLES)
+NUM_STATICS = len(STATIC_VARIABLES)
+
+
+class RawExample(NamedTuple):
+    """One batch in physical units (what `Normalization.normalise` turns into an `Example`).
+
+    Attributes:
+      inputs: [Ng, B, C] inputs of the first step (channel order in the module docstring).
+      last_frame: [Ng, B, O] all target variables at frame t (the last input frame).
+      targets: [T, Ng, B, O] target frames t+1 .. t+T.
+      forcings: [T, Ng, B, 5] forcings of frames t+2 .. t+T+1 (step k+1 of a rollout needs
+        frame t+k+1's; the last row is never used).
+    """
+
+    inputs: np.ndarray
+    last_frame: np.ndarray
+    targets: np.ndarray
+    forcings: np.ndarray
 
 
 class Normalization(NamedTuple):
-    """Per-channel statistics that turn raw values into normalised units."""
+    """Channel statistics that turn physical values into normalised units.
 
-    input_mean: np.ndarray  # [C]
-    input_std: np.ndarray  # [C]
-    residual_std: np.ndarray  # [O] std of frame-to-frame differences
-    residual_scale: np.ndarray  # [O] residual_std / input std of the same variable
+    Inputs are normalised per channel. Targets of variables that are also inputs become
+    residuals against the last input frame over `residual_std` (the std of the 6-hour
+    change); a target that is not an input (precipitation when it is not an input) is
+    normalised directly with `target_mean` / `target_std`, as in the official code.
+
+    Attributes:
+      input_mean: [C] mean of each input channel.
+      input_std: [C] std of each input channel.
+      target_mean: [O] mean of each target variable.
+      target_std: [O] std of each target variable.
+      residual_std: [O] std of each target variable's 6-hour change.
+      residual_scale: [O] residual_std / target_std: turns a normalised residual into
+        normalised input units (what the rollout adds to the newest input frame).
+      is_residual: [O] bool, True where the target is a residual (the variable is an input).
+    """
+
+    input_mean: np.ndarray
+    input_std: np.ndarray
+    target_mean: np.ndarray
+    target_std: np.ndarray
+    residual_std: np.ndarray
+    residual_scale: np.ndarray
+    is_residual: np.ndarray
+
+    def normalise_inputs(self, inputs: np.ndarray) -> np.ndarray:
+        """Physical inputs [..., C] -> normalised inputs [..., C] float32."""
+        return ((inputs - self.input_mean) / self.input_std).astype(np.float32)
+
+    def normalise_targets(self, targets: np.ndarray, last_frame: np.ndarray) -> np.ndarray:
+        """Target frames [T, ..., O] and the last input frame [..., O] -> normalised targets.
+
+        Step k's target is (frame t+k - frame t) / residual_std for residual channels: the
+        sum of the true residuals of steps 1..k, which a rollout compares with the sum of
+        its predicted residuals (the error of the predicted state, as in the official
+        rollout loss). Other channels: (frame t+k - target_mean) / target_std.
+        """
+        residual = (targets - last_frame[None]) / self.residual_std  # [T, ..., O]
+        direct = (targets - self.target_mean) / self.target_std  # [T, ..., O]
+        return np.where(self.is_residual, residual, direct).astype(np.float32)
+
+    def denormalise_targets(self, targets: np.ndarray, last_frame: np.ndarray) -> np.ndarray:
+        """The inverse of `normalise_targets`: normalised targets -> physical frames."""
+        residual = last_frame[None] + targets * self.residual_std  # [T, ..., O]
+        direct = self.target_mean + targets * self.target_std  # [T, ..., O]
+        return np.where(self.is_residual, residual, direct)
+
+    def normalise(self, raw: RawExample) -> Example:
+        """A `RawExample` in physical units -> the normalised `Example` training uses."""
+        C = self.input_mean.size
+        forcing = slice(C - NUM_STATICS - NUM_FORCINGS, C - NUM_STATICS)  # newest forcings
+        forcings = (raw.forcings - self.input_mean[forcing]) / self.input_std[forcing]
+        return Example(self.normalise_inputs(raw.inputs),  # [Ng, B, C]
+                       self.normalise_targets(raw.targets, raw.last_frame),  # [T, Ng, B, O]
+                       forcings.astype(np.float32))  # [T, Ng, B, 5]
+
+
+def _softplus(x: np.ndarray) -> np.ndarray:
+    return np.logaddexp(0.0, x)
+
+
+def _latitude_profile(lat: np.ndarray, wavenumber: np.ndarray, poly: np.ndarray
+                      ) -> np.ndarray:
+    """cos(lat)^m_k P_k(sin lat): [N] latitudes (radians) -> [N, K]."""
+    x = np.sin(lat)[:, None]  # [N, 1]
+    p = poly[:, 0] + poly[:, 1] * x + poly[:, 2] * x ** 2  # [N, K]
+    return np.abs(np.cos(lat))[:, None] ** wavenumber * p
+
+
+def _climatology(task: TaskConfig) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(mean [O], spread [O], positive [O]) of each target channel, roughly as on Earth."""
+    mean, spread, positive = [], [], []
+    surface = {  # name: (mean, spread, positive)
+        "2m_temperature": (288.0, 12.0, False),  # K
+        "mean_sea_level_pressure": (101325.0, 1000.0, False),  # Pa
+        "10m_u_component_of_wind": (0.0, 5.0, False),  # m s-1
+        "10m_v_component_of_wind": (0.0, 4.0, False),  # m s-1
+        "total_precipitation_6hr": (0.0, 1e-3, True),  # m
+    }
+    for name in SURFACE_VARIABLES:
+        m, s, p = surface[name]
+        mean.append(m)
+        spread.append(s)
+        positive.append(p)
+    for name in ATMOSPHERIC_VARIABLES:
+        for level in task.pressure_levels:
+            height = 7000.0 * math.log(1013.25 / level)  # m, an isothermal scale height
+            m, s, p = {
+                "temperature": (max(288.0 - 6.5e-3 * height, 216.65), 8.0, False),  # K
+                "geopotential": (GRAVITY * height, GRAVITY * (40.0 + 8e-3 * height), False),
+                "u_component_of_wind": (2.0 + 10.0 * (1.0 - level / 1013.25),
+                                        6.0 + 10.0 * (1.0 - level / 1013.25), False),
+                "v_component_of_wind": (0.0, 6.0, False),
+                "vertical_velocity": (0.0, 0.15, False),  # Pa s-1
+                "specific_humidity": (0.0, 0.012 * (level / 1000.0) ** 3 + 2e-6, True),
+            }[name]
+            mean.append(m)
+            spread.append(s)
+            positive.append(p)
+    return (np.asarray(mean), np.asarray(spread), np.asarray(positive))
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -45,10 +191,10 @@ class SyntheticWeather:
     """Seeded synthetic weather for a task on a pole-inclusive lat/lon grid.
 
     Attributes:
-      task: channel layout.
-      resolution: grid spacing in degrees (divides 180).
-      seed: everything is a function of the seed.
-      basis: number K of smooth basis fields mixed into each variable.
+      task: channel layout (pressure levels, whether precipitation is an input).
+      resolution: grid spacing in degrees (divides 180); grid nodes are latitude-major.
+      seed: every value is a function of the seed (and of position, time and channel).
+      basis: number K of travelling basis fields mixed into each variable.
     """
 
     task: TaskConfig
@@ -57,125 +203,218 @@ class SyntheticWeather:
     basis: int = 24
 
     def __post_init__(self) -> None:
-        from gclab.config import ModelConfig
+        model = ModelConfig(resolution=self.resolution)  # validates the resolution
+        if isinstance(self.basis, bool) or not isinstance(self.basis, int) or self.basis < 1:
+            raise ValueError(f"SyntheticWeather.basis={self.basis!r} is invalid: "
+                             "an integer >= 1.")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, (int, np.integer)) \
+                or self.seed < 0:
+            raise ValueError(f"SyntheticWeather.seed={self.seed!r} is invalid: "
+                             "an integer >= 0.")
+        set_ = _setter(self)
+        lat = np.deg2rad(np.linspace(-90.0, 90.0, model.n_lat))  # [n_lat]
+        lon = np.deg2rad(np.arange(model.n_lon) * self.resolution)  # [n_lon]
+        set_("grid_lat", np.rad2deg(lat))
+        set_("grid_lon", np.rad2deg(lon))
+        set_("_lat", np.repeat(lat, model.n_lon))  # [Ng]
+        set_("_lon", np.tile(lon, model.n_lat))  # [Ng]
 
-        ModelConfig(resolution=self.resolution)  # validates the resolution
-        if not isinstance(self.basis, int) or self.basis < 1:
-            raise ValueError(f"SyntheticWeather.basis={self.basis!r} is invalid: an integer >= 1")
+        # All random draws, in a fixed order that does not depend on task or resolution.
         rng = np.random.default_rng(self.seed)
-        n_lat, n_lon = int(round(180 / self.resolution)) + 1, int(round(360 / self.resolution))
-        lat = np.deg2rad(np.linspace(-90.0, 90.0, n_lat))
-        lon = np.deg2rad(np.arange(n_lon) * self.resolution)
-        lat_n, lon_n = np.repeat(lat, n_lon), np.tile(lon, n_lat)  # [Ng] latitude-major
         K = self.basis
-        m = rng.integers(0, 5, K)  # zonal wavenumbers
+        wavenumber = rng.integers(0, MAX_WAVENUMBER + 1, K)  # [K]
         poly = rng.normal(0.0, 1.0, (K, 3))  # P_k(x) = c0 + c1 x + c2 x^2
-        x = np.sin(lat_n)
-        envelope = np.cos(lat_n)[:, None] ** m * (
-            poly[:, 0] + poly[:, 1] * x[:, None] + poly[:, 2] * x[:, None] ** 2)  # [Ng, K]
-        # Mixing: each variable a random mix; levels interpolate between two mixes.
+        speed = rng.uniform(0.05, 0.35, K) * rng.choice([-1.0, 1.0], K)  # rad per frame
+        phase = rng.uniform(0.0, 2 * np.pi, K)  # [K]
+        surface_mix = rng.normal(0.0, 1.0, (len(SURFACE_VARIABLES), K)) / np.sqrt(K)
+        atmos_mix = rng.normal(0.0, 1.0, (len(ATMOSPHERIC_VARIABLES), 2, K)) / np.sqrt(K)
+        static_mix = rng.normal(0.0, 1.0, (2, K)) / np.sqrt(K)  # land, orography
+
+        # Scale each basis field to unit mean square over the sphere (on a fixed grid, so
+        # the scale does not depend on the resolution asked for).
+        ref = np.deg2rad(np.linspace(-90.0, 90.0, 721))
+        ref_env = _latitude_profile(ref, wavenumber, poly)  # [721, K]
+        zonal_mean_sq = np.where(wavenumber > 0, 0.5, 1.0)  # mean of cos^2 over longitude
+        area = np.cos(ref)[:, None]
+        rms = np.sqrt((ref_env ** 2 * area).sum(0) / area.sum() * zonal_mean_sq)  # [K]
+        set_("_wavenumber", wavenumber)
+        set_("_envelope", _latitude_profile(self._lat, wavenumber, poly) / rms)  # [Ng, K]
+        set_("_speed", speed)
+        set_("_phase", phase)
+
+        # Mixing weights of each target channel; levels blend two mixes in log pressure.
         O = self.task.output_channels
         mix = np.zeros((K, O))
-        levels = np.asarray(self.task.pressure_levels, np.float64)
-        frac = (levels - levels.min()) / max(np.ptp(levels), 1.0)  # [levels]
-        col = 0
-        for _ in SURFACE_VARIABLES:
-            mix[:, col] = rng.normal(0.0, 1.0, K) / np.sqrt(K)
-            col += 1
-        for _ in ATMOSPHERIC_VARIABLES:
-            top, bottom = rng.normal(0.0, 1.0, (2, K)) / np.sqrt(K)
+        mix[:, :len(SURFACE_VARIABLES)] = surface_mix.T
+        frac = np.log(np.asarray(self.task.pressure_levels, np.float64)) / np.log(1000.0)
+        col = len(SURFACE_VARIABLES)
+        for top, bottom in atmos_mix:
             for f in frac:
-                mix[:, col] = (1 - f) * top + f * bottom
+                blend = (1 - f) * top + f * bottom  # [K]
+                mix[:, col] = blend / np.sqrt((1 - f) ** 2 + f ** 2)  # unit variance
                 col += 1
-        object.__setattr__(self, "_lat", lat_n)
-        object.__setattr__(self, "_lon", lon_n)
-        object.__setattr__(self, "_m", m)
-        object.__setattr__(self, "_envelope", envelope.astype(np.float32))
-        object.__setattr__(self, "_omega", rng.uniform(0.05, 0.4, K))  # rad per frame
-        object.__setattr__(self, "_phase", rng.uniform(0.0, 2 * np.pi, K))
-        object.__setattr__(self, "_mix", mix.astype(np.float32))
-        object.__setattr__(self, "_offset", rng.normal(0.0, 2.0, O).astype(np.float32))
-        object.__setattr__(self, "_scale", np.exp(rng.normal(0.0, 0.5, O)).astype(np.float32))
-        geo = envelope @ rng.normal(0.0, 1.0, K) / np.sqrt(K)  # [Ng]
-        statics = np.stack([geo, (geo > np.median(geo)).astype(np.float64)], -1)
-        object.__setattr__(self, "_statics", statics.astype(np.float32))  # [Ng, 2]
-        object.__setattr__(self, "_norm", None)
+        set_("_mix", mix)
+        clim_mean, clim_spread, positive = _climatology(self.task)
+        set_("_clim_mean", clim_mean)
+        set_("_clim_spread", clim_spread)
+        set_("_positive", positive)
+
+        # Statics: a land anomaly frozen at t = 0; orography rises from the coast inland.
+        still = self._envelope * np.cos(
+            wavenumber * self._lon[:, None] + phase)  # [Ng, K]
+        land, relief = np.einsum("nk,sk->sn", still, static_mix)  # [Ng] each
+        mask = (land > LAND_THRESHOLD).astype(np.float64)  # [Ng]
+        height = 2500.0 * np.maximum(land - LAND_THRESHOLD, 0.0) ** 1.5 * _softplus(relief)
+        set_("_statics", np.stack([GRAVITY * height, mask], -1))  # [Ng, 2]
+        set_("_norm", None)
 
     @property
     def num_grid_nodes(self) -> int:
+        """Ng."""
         return self._lat.size
 
-    def frames(self, times) -> np.ndarray:
-        """Target variables at frame indices `times` [T] -> [T, Ng, O] float32."""
-        t = np.asarray(times, np.float64)[:, None]  # [T, 1]
-        angle = (self._m[None, None, :] * self._lon[None, :, None]
-                 - self._omega * t[:, :, None] + self._phase)  # [T, Ng, K]
-        basis = self._envelope[None] * np.cos(angle).astype(np.float32)  # [T, Ng, K]
-        return (basis @ self._mix) * self._scale + self._offset  # [T, Ng, O]
+    @property
+    def statics(self) -> np.ndarray:
+        """[Ng, 2]: geopotential at the surface (m2 s-2, 0 over sea), land-sea mask (0/1)."""
+        return self._statics.astype(np.float32)
 
-    def forcings(self, times) -> np.ndarray:
-        """Forcings at frame indices `times` [T] -> [T, Ng, 5] float32 (raw units)."""
-        hours = np.asarray(times, np.float64) * HOURS_PER_FRAME + 1000.0 * self.seed  # [T]
-        year = (hours / HOURS_PER_YEAR) % 1.0
-        day = (hours / 24.0) % 1.0
-        decl = np.deg2rad(23.44) * np.sin(2 * np.pi * year)  # [T]
-        hour_angle = 2 * np.pi * day[:, None] + self._lon[None] - np.pi  # [T, Ng]
-        cos_zenith = (np.sin(self._lat)[None] * np.sin(decl)[:, None]
-                      + np.cos(self._lat)[None] * np.cos(decl)[:, None] * np.cos(hour_angle))
-        toa = 1361.0 * np.maximum(cos_zenith, 0.0)  # [T, Ng] W m-2
-        ng = self.num_grid_nodes
-        cyc = [np.broadcast_to(f(2 * np.pi * p)[:, None], (len(hours), ng))
-               for p in (year, day) for f in (np.sin, np.cos)]
-        return np.stack([toa] + cyc, -1).astype(np.float32)  # [T, Ng, 5]
+    def anomalies(self, times: Sequence[float], nodes=slice(None)) -> np.ndarray:
+        """Unit-scale anomalies [T, Ng, O] (float64) at frame indices `times`."""
+        t = np.asarray(times, np.float64)  # [T]
+        angle = (self._wavenumber * self._lon[nodes, None]
+                 - self._speed * t[:, None, None] + self._phase)  # [T, Ng, K]
+        basis = self._envelope[nodes] * np.cos(angle)  # [T, Ng, K]
+        # einsum, not BLAS: the same sums in the same order on every machine.
+        return np.einsum("tnk,ko->tno", basis, self._mix)  # [T, Ng, O]
 
-    def raw_inputs(self, t0: int) -> np.ndarray:
-        """Raw (unnormalised) inputs [Ng, C] for the frame pair (t0 - 1, t0)."""
+    def frames(self, times: Sequence[float], nodes=slice(None)) -> np.ndarray:
+        """Target variables at frame indices `times` [T] -> [T, Ng, O] float32 (physical).
+
+        Channels in `task.target_channel_names` order (the trajectory of every variable).
+        """
+        a = self.anomalies(times, nodes)  # [T, Ng, O]
+        out = self._clim_mean + self._clim_spread * a  # [T, Ng, O]
+        pos = self._positive
+        out[..., pos] = self._clim_spread[pos] * _softplus(1.5 * a[..., pos] - 1.0)
+        return out.astype(np.float32)  # [T, Ng, O]
+
+    def trajectory(self, length: int, start: int = 0) -> np.ndarray:
+        """`length` consecutive frames from `start`: [T, Ng, O] float32."""
+        return self.frames(np.arange(start, start + length))
+
+    def forcings(self, times: Sequence[float], nodes=slice(None)) -> np.ndarray:
+        """Forcings at frame indices `times` [T] -> [T, Ng, 5] float32, physical units.
+
+        Channels: top-of-atmosphere incident solar radiation (J m-2 over the hour ending at
+        the frame), year progress sin/cos (global), day progress sin/cos (local solar
+        time: UTC plus longitude, as in the official code).
+        """
+        hours = EPOCH_HOURS + np.asarray(times, np.float64) * HOURS_PER_FRAME  # [T]
+        lat, lon = self._lat[nodes], self._lon[nodes]  # [Ng]
+        toa = np.zeros((hours.size, lat.size))
+        for minute in np.arange(5.0, 60.0, 10.0):  # six samples across the hour
+            h = hours - 1.0 + minute / 60.0  # [T]
+            year = (h / 24.0 / DAYS_PER_YEAR) % 1.0  # [T]
+            orbit = 2 * np.pi * year
+            declination = np.deg2rad(-23.44) * np.cos(orbit + 2 * np.pi * 10 / DAYS_PER_YEAR)
+            distance = 1.0 + 0.0334 * np.cos(orbit - 2 * np.pi * 3 / DAYS_PER_YEAR)
+            hour_angle = 2 * np.pi * (h[:, None] / 24.0 % 1.0) + lon[None] - np.pi  # [T, Ng]
+            cos_zenith = (np.sin(lat)[None] * np.sin(declination)[:, None]
+                          + np.cos(lat)[None] * np.cos(declination)[:, None]
+                          * np.cos(hour_angle))  # [T, Ng]
+            toa += SOLAR_CONSTANT * distance[:, None] * np.maximum(cos_zenith, 0.0) * 600.0
+        year = (hours / 24.0 / DAYS_PER_YEAR) % 1.0  # [T]
+        day = (hours[:, None] / 24.0 + lon[None] / (2 * np.pi)) % 1.0  # [T, Ng]
+        year = np.broadcast_to(year[:, None], day.shape)  # [T, Ng]
+        return np.stack([toa, np.sin(2 * np.pi * year), np.cos(2 * np.pi * year),
+                         np.sin(2 * np.pi * day), np.cos(2 * np.pi * day)],
+                        -1).astype(np.float32)  # [T, Ng, 5]
+
+    def raw_inputs(self, t0: int, nodes=slice(None)) -> np.ndarray:
+        """Physical inputs [Ng, C] of the frame pair (t0 - 1, t0)."""
         v_idx = input_variable_channels(self.task)
-        frames = self.frames([t0 - 1, t0])[..., v_idx]  # [2, Ng, V]
-        forc = self.forcings([t0 - 1, t0, t0 + 1])  # [3, Ng, 5]
+        frames = self.frames([t0 - 1, t0], nodes)[..., v_idx]  # [2, Ng, V]
+        forc = self.forcings([t0 - 1, t0, t0 + 1], nodes)  # [3, Ng, 5]
         return np.concatenate([frames[0], frames[1], forc[0], forc[1], forc[2],
-                               self._statics], -1)  # [Ng, C]
+                               self.statics[nodes]], -1)  # [Ng, C]
 
     def normalization(self) -> Normalization:
-        """Channel statistics from a fixed stretch of the synthetic climate (cached)."""
-        if self._norm is None:
-            times = np.arange(1, STATS_FRAMES + 1) * 7  # spread over weeks
-            inputs = np.stack([self.raw_inputs(int(t)) for t in times])  # [T, Ng, C]
-            frames = self.frames(np.concatenate([times, times + 1]))  # [2T, Ng, O]
-            diffs = frames[len(times):] - frames[:len(times)]  # [T, Ng, O]
-            in_mean = inputs.mean((0, 1))
-            in_std = inputs.std((0, 1)) + 1e-6
-            res_std = diffs.std((0, 1)) + 1e-6
-            v_idx = input_variable_channels(self.task)
-            var_std = np.ones(self.task.output_channels, np.float32)
-            var_std[v_idx] = in_std[len(v_idx):2 * len(v_idx)]  # the newest frame's std
-            if not self.task.precipitation_input:
-                var_std[~np.isin(np.arange(self.task.output_channels), v_idx)] = 1.0
-            norm = Normalization(in_mean.astype(np.float32), in_std.astype(np.float32),
-                                 res_std.astype(np.float32),
-                                 (res_std / var_std).astype(np.float32))
-            object.__setattr__(self, "_norm", norm)
-        return self._norm
+        """Channel statistics of a long stretch of the synthetic climate (cached).
+
+        `STATS_SAMPLES` frame pairs `STATS_SPACING` frames apart (about a year, every hour
+        of the day), on at most `STATS_MAX_NODES` grid nodes.
+        """
+        if self._norm is not None:
+            return self._norm
+        nodes = slice(None, None, max(1, -(-self.num_grid_nodes // STATS_MAX_NODES)))
+        times = 1 + STATS_SPACING * np.arange(STATS_SAMPLES)  # [S]
+        sums = np.zeros((3, 3, self.task.output_channels))  # (frames, diffs, -) x moments
+        forcing_sums = np.zeros((3, NUM_FORCINGS))
+        for chunk in np.array_split(times, max(1, STATS_SAMPLES // 8)):
+            pair = self.frames(np.concatenate([chunk, chunk + 1]), nodes).astype(np.float64)
+            now, diff = pair[:len(chunk)], pair[len(chunk):] - pair[:len(chunk)]
+            forc = self.forcings(chunk, nodes).astype(np.float64)  # [S', Ng', 5]
+            for i, x in enumerate((now, diff)):
+                sums[i] += [np.ones_like(x).sum((0, 1)), x.sum((0, 1)), (x ** 2).sum((0, 1))]
+            forcing_sums += [np.full(NUM_FORCINGS, forc[..., 0].size), forc.sum((0, 1)),
+                             (forc ** 2).sum((0, 1))]
+
+        def mean_std(s):
+            mean = s[1] / s[0]
+            return mean, np.sqrt(np.maximum(s[2] / s[0] - mean ** 2, 0.0)) + 1e-12
+
+        target_mean, target_std = mean_std(sums[0])
+        _, residual_std = mean_std(sums[1])  # std about the mean change
+        forcing_mean, forcing_std = mean_std(forcing_sums)
+        statics = self._statics[nodes]
+        static_mean, static_std = statics.mean(0), statics.std(0) + 1e-12
+        v_idx = input_variable_channels(self.task)
+        input_mean = np.concatenate([target_mean[v_idx]] * 2 + [forcing_mean] * 3
+                                    + [static_mean])  # [C]
+        input_std = np.concatenate([target_std[v_idx]] * 2 + [forcing_std] * 3
+                                   + [static_std])  # [C]
+        is_residual = np.zeros(self.task.output_channels, bool)
+        is_residual[v_idx] = True
+        f32 = np.float32
+        norm = Normalization(input_mean.astype(f32), input_std.astype(f32),
+                             target_mean.astype(f32), target_std.astype(f32),
+                             residual_std.astype(f32), (residual_std / target_std).astype(f32),
+                             is_residual)
+        object.__setattr__(self, "_norm", norm)
+        return norm
+
+    def raw_batch(self, batch: int, rollout: int = 1, start: int = 1) -> RawExample:
+        """A `RawExample` (physical units): B samples `SAMPLE_SPACING` frames apart.
+
+        Sample b's last input frame is t = start + SAMPLE_SPACING * b (its first input frame
+        is t - 1, so `start` >= 1).
+        """
+        for name, v in (("batch", batch), ("rollout", rollout), ("start", start)):
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+                raise ValueError(f"make_batch {name}={v!r} is invalid: an integer >= 1.")
+        inputs, last, targets, forcings = [], [], [], []
+        for b in range(batch):
+            t0 = start + SAMPLE_SPACING * b
+            frames = self.frames(np.arange(t0, t0 + rollout + 1))  # [T+1, Ng, O]
+            inputs.append(self.raw_inputs(t0))  # [Ng, C]
+            last.append(frames[0])  # [Ng, O]
+            targets.append(frames[1:])  # [T, Ng, O]
+            forcings.append(self.forcings(np.arange(t0 + 2, t0 + rollout + 2)))  # [T, Ng, 5]
+        return RawExample(np.stack(inputs, 1),  # [Ng, B, C]
+                          np.stack(last, 1),  # [Ng, B, O]
+                          np.stack(targets, 2),  # [T, Ng, B, O]
+                          np.stack(forcings, 2))  # [T, Ng, B, 5]
 
     def make_batch(self, batch: int, rollout: int = 1, start: int = 1) -> Example:
-        """A normalised `Example`: B samples starting 13 frames apart from `start`.
+        """A normalised `Example` (see `raw_batch` for the samples, `Normalization` for units).
 
         Returns:
-          `Example(inputs [Ng, B, C], targets [T, Ng, B, O], forcings [T, Ng, B, 5])`.
+          `Example(inputs [Ng, B, C], targets [T, Ng, B, O], forcings [T, Ng, B, 5])`,
+          float32.
         """
-        if batch < 1 or rollout < 1 or start < 1:
-            raise ValueError(f"batch={batch}, rollout={rollout} and start={start} must be >= 1")
-        norm = self.normalization()
-        C = self.task.data_channels
-        forc_mean, forc_std = norm.input_mean[C - 7:C - 2], norm.input_std[C - 7:C - 2]
-        inputs, targets, forcings = [], [], []
-        for b in range(batch):
-            t0 = start + 13 * b
-            inputs.append((self.raw_inputs(t0) - norm.input_mean) / norm.input_std)
-            f = self.frames(np.arange(t0, t0 + rollout + 1))  # [T+1, Ng, O]
-            targets.append((f[1:] - f[:-1]) / norm.residual_std)  # [T, Ng, O]
-            fc = self.forcings(np.arange(t0 + 2, t0 + rollout + 2))  # [T, Ng, 5]
-            forcings.append((fc - forc_mean) / forc_std)
-        return Example(np.stack(inputs, 1).astype(np.float32),  # [Ng, B, C]
-                       np.stack(targets, 2).astype(np.float32),  # [T, Ng, B, O]
-                       np.stack(forcings, 2).astype(np.float32))  # [T, Ng, B, 5]
+        return self.normalization().normalise(self.raw_batch(batch, rollout, start))
+
+
+def _setter(obj):
+    """A setter for the derived attributes of a frozen dataclass (set once, in __post_init__)."""
+    return lambda name, value: object.__setattr__(obj, name, value)
