@@ -195,6 +195,9 @@ class SyntheticWeather:
       resolution: grid spacing in degrees (divides 180); grid nodes are latitude-major.
       seed: every value is a function of the seed (and of position, time and channel).
       basis: number K of travelling basis fields mixed into each variable.
+
+    Derived on construction: `grid_lat` [n_lat] and `grid_lon` [n_lon] in degrees (the
+    grid of `gclab.graphs.build_graphs` at this resolution).
     """
 
     task: TaskConfig
