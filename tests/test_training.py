@@ -295,4 +295,5 @@ def test_train_step_from_shapes_compiles_donates_and_overfits(world):
     leaves = jax.tree_util.tree_leaves((first.params, first.opt_state))
     assert all(leaf.is_deleted() for leaf in leaves)  # donated
     assert int(state.step) == steps
+    print(f"overfit: loss {losses[0]:.4g} -> {losses[-1]:.4g}")
     assert losses[-1] <= losses[0] / 10, (losses[0], losses[-1])
