@@ -283,3 +283,24 @@ def test_checkpointed_steps_of_a_ratio():
     assert MemoryConfig(processor_remat="ratio", remat_ratio=0.0).checkpointed_steps(16) == 0
     assert MemoryConfig(processor_remat="step").checkpointed_steps(16) == 16
     assert MemoryConfig().checkpointed_steps(16) == 0
+
+
+@pytest.mark.parametrize("fields,factor", [
+    (dict(checkpoint_encoder=True), 0.9),
+    (dict(checkpoint_decoder=True), 0.9),
+    (dict(checkpoint_encoder=True, checkpoint_decoder=True), 0.75),
+])
+def test_stage_checkpoints_lower_compiled_temp_of_a_rollout(fields, factor):
+    """In a 3-step rollout each step's encoder and decoder are no longer the first or last
+    thing the backward pass meets, and their checkpoints lower XLA:CPU's compiled temp."""
+    from gclab.config import TaskConfig
+    from gclab.footprint import StepSpec, train_step_memory
+
+    cfg = ModelConfig(resolution=6.0, mesh_splits=3, latent_size=64, processor_steps=4)
+    task = TaskConfig(pressure_levels=(500, 850))
+    base = MemoryConfig(processor_remat="step")
+
+    def temp(mem):
+        return train_step_memory(StepSpec(cfg, task, mem, rollout=3)).temp_bytes
+
+    assert temp(base.replace(**fields)) <= factor * temp(base)
