@@ -458,32 +458,47 @@ def _scan_steps(step: Callable, carry, stacked: dict, mem: MemoryConfig):
     def take(lo, hi):
         return jax.tree_util.tree_map(lambda a: a[lo:hi], stacked)
 
+    def scan(body, carry, xs, offset, stride=1):
+        # The scope names which steps the loop's iterations are (offset + k * stride,
+        # relative to an enclosing step loop), for `gclab.timeline`'s step labels.
+        with jax.named_scope(step_scope(offset, stride)):
+            return jax.lax.scan(body, carry, xs)
+
     if kind == "none":
-        return jax.lax.scan(step, carry, stacked)
+        return scan(step, carry, stacked, 0)
     if kind == "step":
-        return jax.lax.scan(ckpt(step), carry, stacked)
+        return scan(ckpt(step), carry, stacked, 0)
     if kind == "ratio":
         n = mem.checkpointed_steps(S)
         if n:
-            carry, _ = jax.lax.scan(ckpt(step), carry, take(0, n))
+            carry, _ = scan(ckpt(step), carry, take(0, n), 0)
         if n < S:
-            carry, _ = jax.lax.scan(step, carry, take(n, S))
+            carry, _ = scan(step, carry, take(n, S), n)
         return carry, None
     # every:k / nested:k: groups of k scanned steps, each group under one checkpoint.
     k = min(mem.remat_group_size, S)
     inner = ckpt(step) if kind == "nested" else step
 
-    def group(carry, p):
-        return jax.lax.scan(inner, carry, p)[0], None
+    def group(carry, p, offset=0):
+        return scan(inner, carry, p, offset)[0], None
 
     full = (S // k) * k
     if full:
         grouped = jax.tree_util.tree_map(lambda a: a[:full].reshape((S // k, k) + a.shape[1:]),
                                          stacked)
-        carry, _ = jax.lax.scan(ckpt(group), carry, grouped)
+        carry, _ = scan(ckpt(group), carry, grouped, 0, k)
     if full < S:
-        carry, _ = ckpt(group)(carry, take(full, S))
+        carry, _ = ckpt(functools.partial(group, offset=full))(carry, take(full, S))
     return carry, None
+
+
+def step_scope(offset: int, stride: int = 1) -> str:
+    """Named scope of a scan over processor steps: iteration k runs step offset + k * stride.
+
+    Offsets of nested step scans add up (a scan over groups of k steps has stride k; the
+    scan inside each group has offset 0 and stride 1).
+    """
+    return f"stepscan_{offset}_{stride}"
 
 
 def decoder(P: dict, graph: GraphInputs, grid: Optional[Array], mesh: Array,

@@ -8,6 +8,7 @@ units (KiB, MiB, GiB). Backward stages use a lighter shade of their forward colo
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -62,6 +63,8 @@ STAGE_COLORS: dict[str, str] = {
 
 #: Memory of common accelerator cards, in GiB.
 CARD_GIB: tuple[int, ...] = (16, 24, 40, 80)
+
+_STEP_RE = re.compile(r" step (\d+)$")
 
 _EXTRA = ("#e377c2", "#17becf", "#bcbd22", "#7f7f7f", "#aec7e8", "#98df8a")
 
@@ -118,7 +121,9 @@ def plot_timeline(
     """Memory timeline(s) from `gclab.timeline.memory_timeline`.
 
     One timeline is drawn filled and coloured by stage (the forward pass rises, the
-    backward pass falls), with a dashed line at its `temp_bytes`. Several timelines
+    backward pass falls), with a dashed line at its `temp_bytes`; the iterations of
+    unrolled processor loops (``'processor step i'``) alternate in shade and share one
+    legend entry. Several timelines
     are overlaid as lines over the fraction of their schedule (before/after
     comparisons), the first one also filled by stage.
 
@@ -148,16 +153,23 @@ def plot_timeline(
         seen: set[str] = set()
         for stage, a, b in _runs(list(first.stage)):
             stop = min(b + 1, len(first))
+            # 'processor step i' runs share one legend entry; odd steps are drawn lighter
+            # so that the iterations of an unrolled loop stay visible.
+            step = _STEP_RE.search(stage)
+            group = stage[: step.start()] if step else stage
+            alpha = 0.35 if several else 0.8
+            if step and int(step.group(1)) % 2:
+                alpha *= 0.6
             ax.fill_between(
                 x0[a:stop],
                 first.live_bytes[a:stop],
                 step="post",
                 color=stage_color(stage),
-                alpha=0.35 if several else 0.8,
+                alpha=alpha,
                 linewidth=0,
-                label=None if stage in seen else stage,
+                label=None if group in seen else group,
             )
-            seen.add(stage)
+            seen.add(group)
         for i, (t, label) in enumerate(zip(timelines, labels, strict=True)):
             m = max(len(t), 1)
             x = np.arange(len(t)) / (m - 1 if several and m > 1 else 1)
@@ -173,7 +185,8 @@ def plot_timeline(
         ax.set_ylim(bottom=0)
         bytes_axis(ax.yaxis)
         ax.set_title(title)
-        ax.legend(loc="upper left", ncol=2)
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))
+        fig.set_size_inches(10.0, 4.0)
         fig.tight_layout()
     return fig
 

@@ -100,7 +100,11 @@ _COMP_RE = re.compile(r"^\s*(?:ENTRY\s+)?%?([\w.\-]+)\s*(?:\(.*\))?.*\{\s*$")
 _OPNAME_RE = re.compile(r'op_name="([^"]*)"')
 _JIT_PREFIX_RE = re.compile(r"^(?:jit|pjit)\([^)]*\)/")
 _FRAME_RE = re.compile(r"stack_frame_id=(\d+)")
-_CALLS_RE = re.compile(r"(?:calls|body|to_apply|true_computation|false_computation)=%?([\w.\-]+)")
+_CALLS_RE = re.compile(
+    r"(?:calls|body|condition|to_apply|true_computation|false_computation)=%?([\w.\-]+)"
+)
+_WHILE_RE = re.compile(r"\swhile\(")
+_TRIP_RE = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
 _BRANCHES_RE = re.compile(r"branch_computations=\{([^}]*)\}")
 _ALLOC_RE = re.compile(r"^allocation (\d+): size (\d+)(.*):\s*$")
 _VALUE_RE = re.compile(r"^\s*value: <\d+ ([^ >]+)(?: \(phi\))? @\d+> \(size=(\d+),offset=(\d+)\)")
@@ -124,6 +128,8 @@ class Timeline:
       output_bytes: the compiled module's output bytes.
       backend: platform compiled for.
       name: a label for plots (the function's name by default).
+      unrolled: whether loop bodies are repeated once per iteration (see
+        `timeline_from_dump`); if not, a loop body appears once.
     """
 
     live_bytes: np.ndarray
@@ -137,6 +143,7 @@ class Timeline:
     output_bytes: int = 0
     backend: str = ""
     name: str = ""
+    unrolled: bool = False
 
     def __len__(self) -> int:
         return int(self.live_bytes.shape[0])
@@ -251,7 +258,8 @@ def _parse_hlo(text: str) -> tuple[dict[str, str], dict[str, list[str]], dict[st
         if not stripped:
             section = ""
             continue
-        if "=" not in stripped.split("{")[0] and stripped.endswith("{"):
+        # Computation headers start at column 0 (their signatures may hold "/*index=5*/").
+        if not line[0].isspace() and stripped.endswith("{"):
             cm = _COMP_RE.match(line)
             if cm:
                 comp = cm.group(1)
@@ -279,6 +287,166 @@ def _parse_hlo(text: str) -> tuple[dict[str, str], dict[str, list[str]], dict[st
         if where != ":":
             op_text[name] = f"{op_text[name]} @ {where}"
     return op_text, callees, dict(members)
+
+
+def _trip_counts(text: str) -> dict[str, int]:
+    """Known trip count of every ``while`` instruction of the optimised HLO."""
+    trips: dict[str, int] = {}
+    for line in text.splitlines():
+        if not _WHILE_RE.search(line):
+            continue
+        im, tm = _INSTR_RE.match(line), _TRIP_RE.search(line)
+        if im and tm:
+            trips[im.group(1)] = int(tm.group(1))
+    return trips
+
+
+@dataclasses.dataclass
+class _Loop:
+    start: int  # first point of the loop's (inlined) body and condition
+    stop: int  # the while instruction's own point, just after them
+    name: str
+    trips: int
+    inner: list[_Loop] = dataclasses.field(default_factory=list)
+
+
+def _loops(
+    sequence: Sequence[str],
+    callees: dict[str, list[str]],
+    members: dict[str, list[str]],
+    trips: dict[str, int],
+) -> list[_Loop]:
+    """Outermost while loops of the schedule, each with the loops nested in it.
+
+    HloLiveRange inlines a loop's condition and body once, just before the ``while``
+    instruction. A loop is kept only if its inlined points form one contiguous run.
+    """
+    index = {name: i for i, name in enumerate(sequence)}
+    found: list[_Loop] = []
+    for name, n in trips.items():
+        if name not in index:
+            continue
+        inside: set[str] = set()
+        todo = list(callees.get(name, ()))
+        seen: set[str] = set()
+        while todo:
+            comp = todo.pop()
+            if comp in seen:
+                continue
+            seen.add(comp)
+            for inner in members.get(comp, ()):
+                inside.add(inner)
+                todo.extend(callees.get(inner, ()))
+        points = [index[x] for x in inside if x in index]
+        stop = index[name]
+        if not points or min(points) >= stop:
+            continue
+        start = min(points)
+        if all(sequence[i] in inside for i in range(start, stop)):
+            found.append(_Loop(start, stop, name, n))
+    found.sort(key=lambda loop: (loop.start, -loop.stop))
+    roots: list[_Loop] = []
+    open_loops: list[_Loop] = []
+    for loop in found:
+        while open_loops and loop.start >= open_loops[-1].stop:
+            open_loops.pop()
+        (open_loops[-1].inner if open_loops else roots).append(loop)
+        open_loops.append(loop)
+    return roots
+
+
+def _unroll(
+    start: int, stop: int, loops: Sequence[_Loop]
+) -> list[tuple[int, tuple[tuple[str, int, int], ...]]]:
+    """Points of ``[start, stop)`` with every loop body repeated once per iteration.
+
+    Each entry is ``(point, ((while name, iteration, trips), ...))``, outermost first.
+    """
+    out: list[tuple[int, tuple[tuple[str, int, int], ...]]] = []
+    pos = start
+    for loop in loops:
+        out.extend((i, ()) for i in range(pos, loop.start))
+        body = _unroll(loop.start, loop.stop, loop.inner)
+        for k in range(loop.trips):
+            out.extend((i, ((loop.name, k, loop.trips), *tags)) for i, tags in body)
+        pos = loop.stop
+    out.extend((i, ()) for i in range(pos, stop))
+    return out
+
+
+_STEP_SCOPE_RE = re.compile(r"stepscan_(\d+)_(\d+)((?:/(?!stepscan_)[^/ ]+)*)")
+
+
+def _step_loops(op_text: dict[str, str], trips: dict[str, int]) -> dict[str, tuple[int, int, bool]]:
+    """``while`` -> (offset, stride, reversed) for the scans over processor steps.
+
+    gclab runs its processor steps as scans inside ``jax.named_scope(step_scope(o, s))``
+    (`gclab.model.step_scope`): iteration k of such a loop runs step ``o + k * s``,
+    offsets of nested step loops adding up. The transpose of a scan (its backward,
+    ``transpose(...)`` in the op_name) iterates in reverse; a forward scan recomputed
+    inside the backward pass (``rematted_computation``) does not.
+    """
+    out = {}
+    for name in trips:
+        text = op_text.get(name, "").split(" @ ")[0]
+        matches = list(_STEP_SCOPE_RE.finditer(text))
+        if not matches:
+            continue
+        m = matches[-1]
+        # The loop is the scan called in that scope: 'while' is the path's last part,
+        # with no loop body in between.
+        rest = m.group(3).split("/")[1:]
+        if not rest or rest[-1] != "while" or "while" in rest[:-1] or "body" in rest:
+            continue
+        backward = "transpose(" in text and "rematted_computation" not in text
+        out[name] = (int(m.group(1)), int(m.group(2)), backward)
+    return out
+
+
+def _body_scopes(text: str) -> list[tuple[int, int]]:
+    """(offset, stride) of the step scans an op sits in the body of, outermost first."""
+    out = []
+    for m in _STEP_SCOPE_RE.finditer(text.split(" @ ")[0]):
+        rest = m.group(3).split("/")
+        if any(a == "while" and b == "body" for a, b in zip(rest, rest[1:])):
+            out.append((int(m.group(1)), int(m.group(2))))
+    return out
+
+
+def _step_label(
+    stage: str,
+    text: str,
+    tags: Sequence[tuple[str, int, int]],
+    step_loops: dict[str, tuple[int, int, bool]],
+    numbered: Sequence[str],
+) -> str:
+    """'<stage> step i' for a point inside one iteration of a processor step loop.
+
+    The step is the sum, over the enclosing step loops, of offset + iteration * stride.
+    A step scan of one iteration has no loop left in the optimised module (XLA inlines
+    it); it is found in the op_name (`text`) and counts its offset. Points in a loop
+    over groups of steps but in no single step (stride > 1), and ops XLA hoisted out of
+    a step loop, keep their stage.
+    """
+    base = stage[len(BACKWARD_PREFIX):] if stage.startswith(BACKWARD_PREFIX) else stage
+    if base not in numbered:
+        return stage
+    scopes = _body_scopes(text)
+    step, stride = 0, 0
+    for name, k, n in tags:
+        if name in step_loops:
+            offset, stride, backward = step_loops[name]
+            step += offset + (n - 1 - k if backward else k) * stride
+            if (offset, stride) in scopes:
+                scopes.remove((offset, stride))
+            elif scopes:
+                scopes = []  # op_name and loops disagree: trust the loops
+    if scopes:
+        if any(loop[:2] in scopes for loop in step_loops.values()):
+            return stage  # hoisted out of a step loop by XLA: in no single step
+        step += sum(offset for offset, _ in scopes)
+        stride = scopes[-1][1] if stride != 1 else stride
+    return f"{stage} step {step}" if stride == 1 else stage
 
 
 def _parse_live_range(text: str) -> tuple[list[str], dict[str, tuple[int, int]]]:
@@ -403,6 +571,8 @@ def timeline_from_dump(
     stage_rules: Sequence[StageRule] | None = None,
     temp_bytes: int | None = None,
     name: str = "",
+    unroll_loops: bool = True,
+    numbered_loops: Sequence[str] = ("processor",),
 ) -> Timeline:
     """Builds a `Timeline` from an XLA dump directory (``--xla_dump_to``).
 
@@ -416,6 +586,14 @@ def timeline_from_dump(
       temp_bytes: the module's temp size, if known (else the largest temp allocation
         found in the buffer assignment).
       name: label of the timeline.
+      unroll_loops: repeat the body of every while loop with a known trip count once
+        per iteration (XLA's schedule holds it once), so that the x axis is execution
+        order. Bytes live in every repetition are those XLA planned for the body: its
+        buffers are reused by each iteration, and what a loop carries (a scan's
+        stacked residuals) is allocated whole before it starts.
+      numbered_loops: stages whose points inside the iterations of step loops (scans
+        under `gclab.model.step_scope`) are labelled ``'<stage> step i'`` (and
+        ``'backward: <stage> step i'``) when unrolled.
 
     Returns:
       The timeline.
@@ -451,16 +629,30 @@ def timeline_from_dump(
     op_text, callees, members = _parse_hlo(hlo_text)
     live = _live_bytes(len(sequence), values, ranges)
     stages = _stages(sequence, op_text, callees, members, stage_rules)
+    points = np.arange(len(sequence))
+    unrolled = False
+    if unroll_loops:
+        loops = _loops(sequence, callees, members, _trip_counts(hlo_text))
+        if loops:
+            order = _unroll(0, len(sequence), loops)
+            step_loops = _step_loops(op_text, _trip_counts(hlo_text))
+            points = np.asarray([i for i, _ in order], dtype=np.int64)
+            stages = [_step_label(stages[i], op_text.get(sequence[i], ""), tags, step_loops,
+                                  numbered_loops)
+                      for i, tags in order]
+            live = live[points]
+            unrolled = True
     peak_index = int(np.argmax(live)) if len(live) else 0
     return Timeline(
         live_bytes=live,
         stage=np.asarray(stages, dtype=object),
-        instruction=np.asarray(sequence, dtype=object),
-        op_name=np.asarray([op_text.get(n, "") for n in sequence], dtype=object),
+        instruction=np.asarray([sequence[i] for i in points], dtype=object),
+        op_name=np.asarray([op_text.get(sequence[i], "") for i in points], dtype=object),
         peak_bytes=int(live[peak_index]) if len(live) else 0,
         peak_index=peak_index,
         temp_bytes=int(temp_bytes),
         name=name,
+        unrolled=unrolled,
     )
 
 
@@ -472,6 +664,7 @@ def memory_timeline(
     donate_argnums: Sequence[int] | int = (),
     name: str | None = None,
     keep_dump: str | None = None,
+    unroll_loops: bool = True,
     **kwargs: Any,
 ) -> Timeline:
     """Memory timeline of ``jax.jit(fn)(*args, **kwargs)`` from XLA's buffer assignment.
@@ -487,6 +680,8 @@ def memory_timeline(
       donate_argnums: passed to `jax.jit`.
       name: label for plots (defaults to the function's name).
       keep_dump: if given, the dump is written to this directory and kept.
+      unroll_loops: one repetition of each loop body per iteration, labelled
+        ``'processor step i'`` for the processor (see `timeline_from_dump`).
       **kwargs: keyword arguments of `fn`.
 
     Returns:
@@ -505,6 +700,7 @@ def memory_timeline(
             stage_rules=stage_rules,
             temp_bytes=memory.temp_bytes,
             name=name if name is not None else getattr(fn, "__name__", "fn"),
+            unroll_loops=unroll_loops,
         )
     finally:
         if keep_dump is None:

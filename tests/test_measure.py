@@ -25,6 +25,7 @@ from gclab.measure import (  # noqa: E402
     measure_peak,
 )
 from gclab.residuals import saved_residuals_df, summarize_residuals  # noqa: E402
+from gclab.techniques import MemoryConfig  # noqa: E402
 from gclab.timeline import Timeline, label_op, memory_timeline  # noqa: E402
 
 #: Stated margin: the timeline peak lies in [(1 - MARGIN) * temp_bytes, temp_bytes].
@@ -172,6 +173,56 @@ def test_timeline_sees_remat_saving():
     plain = memory_timeline(jax.grad(_toy(False)[0]), *_toy(False)[1:])
     remat = memory_timeline(jax.grad(_toy(True)[0]), *_toy(True)[1:])
     assert remat.peak_bytes < 0.75 * plain.peak_bytes
+
+
+def _step_order(stages, prefix):
+    """Steps labelled `prefix + i`, ordered by the median position of their points (XLA
+    may schedule a few independent ops of a step, e.g. slicing its weights, early)."""
+    points: dict[int, list[int]] = {}
+    for i, s in enumerate(stages):
+        if s.startswith(prefix) and s[len(prefix):].isdigit():
+            points.setdefault(int(s[len(prefix):]), []).append(i)
+    return sorted(points, key=lambda k: np.median(points[k]))
+
+
+@pytest.mark.parametrize(
+    "memory",
+    [MemoryConfig(), MemoryConfig(processor_remat="every", remat_group_size=2,
+                                  checkpoint_encoder=True),
+     MemoryConfig(processor_remat="nested", remat_group_size=2, processor_edge_blocks=True,
+                  edge_block_size=2000)],
+    ids=["none", "every-2", "nested-2-blocks"],
+)
+def test_timeline_attributes_processor_steps(memory, tmp_path):
+    """Unrolled, the gclab training step's timeline names every processor step, forward in
+    order and backward in reverse, with the peak of XLA's (rolled) schedule."""
+    import dataclasses
+
+    from gclab.config import PRESETS
+    from gclab.footprint import StepSpec, train_step_abstract
+    from gclab.timeline import timeline_from_dump
+
+    preset = PRESETS["cpu-4x32"]
+    steps = 5  # groups of two and a remainder of one under "every"/"nested"
+    model = dataclasses.replace(preset.model, processor_steps=steps, latent_size=16)
+    step, args = train_step_abstract(StepSpec(model, preset.task, memory))
+    unrolled = memory_timeline(step, *args, keep_dump=str(tmp_path))
+    rolled = timeline_from_dump(str(tmp_path), unroll_loops=False,
+                                temp_bytes=unrolled.temp_bytes)
+    assert unrolled.unrolled and not rolled.unrolled
+    assert len(unrolled) > len(rolled)
+    assert unrolled.peak_bytes == rolled.peak_bytes
+    assert unrolled.peak_bytes <= unrolled.temp_bytes  # the margin: tests above
+    assert _step_order(unrolled.stage, "processor step ") == list(range(steps))
+    # The backward runs the steps in reverse.
+    backward = _step_order(unrolled.stage, "backward: processor step ")
+    assert backward == list(range(steps))[::-1]
+    assert not any("step" in s for s in rolled.stages())
+    # Every iteration repeats the bytes XLA planned for its loop body.
+    df = unrolled.to_dataframe()
+    per_step = df[df.stage.str.fullmatch(r"processor step \d")].groupby("stage").live_bytes
+    if memory.processor_remat == "none":
+        assert per_step.max().nunique() == 1
 
 
 def test_label_op_rules():
