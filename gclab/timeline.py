@@ -25,9 +25,16 @@ skipping the compile). XLA then writes, for the optimised module:
 For each point of the schedule, `live_bytes` is the number of distinct bytes of the
 temp allocation(s) held by live values (values placed at the same offset and size
 whose live ranges overlap are aliases of one buffer and are counted once). A loop
-body appears once in the schedule: its buffers are reused by every iteration, while
+body appears once in XLA's schedule: its buffers are reused by every iteration, while
 buffers carried across iterations (e.g. the residuals a scan stacks for the backward
-pass) are live across the whole loop.
+pass) are live across the whole loop. By default the timeline repeats each loop body
+once per iteration (known trip counts from the optimised HLO), so its x axis is
+execution order, and labels the iterations of gclab's processor scans
+``'processor step i'`` / ``'backward: processor step i'`` from the named scopes
+`gclab.model.step_scope` puts around them. The bytes of each repetition are those XLA
+planned for the body, so the peak is unchanged; a scan's stacked residuals are one
+buffer allocated whole before its loop, which is why the forward rises in a block,
+not step by step.
 
 Margin against `temp_bytes`
 ---------------------------
