@@ -152,8 +152,8 @@ def loss_grad_abstract(spec: StepSpec, graphs: Optional[Graphs] = None):
 
 def make_live_step(spec: StepSpec, seed: int = 0, graphs: Optional[Graphs] = None) -> Callable:
     """A zero-argument callable that runs one real jitted training step and blocks."""
-    step, (state_s, graph_s, example_s) = train_step_abstract(spec, graphs)
     graphs = graphs if graphs is not None else graphs_for(spec.model)
+    step, (state_s, _, example_s) = train_step_abstract(spec, graphs)
     graph = graph_inputs(graphs)
     key = jax.random.PRNGKey(seed)
 
