@@ -26,7 +26,7 @@ def test_readme_states_the_two_commands_that_ci_runs():
     assert "pip install -r requirements.txt && pytest" in readme
     ci = (ROOT / ".ci" / "run").read_text()
     assert "pip install -q -r requirements.txt" in ci
-    assert re.search(r"^(PYTEST_ADDOPTS=\S+ )?python -m pytest$", ci, re.M)
+    assert re.search(r'^(PYTEST_ADDOPTS=("[^"]*"|\S+) )?python -m pytest$', ci, re.M)
     assert "jupyter-book build . -W --keep-going" in ci
 
 
