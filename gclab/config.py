@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Optional
+from typing import NoReturn, Optional
 
 # Pressure levels (hPa) of the two published level sets.
 PRESSURE_LEVELS_13 = (50, 100, 150, 200, 250, 300, 400, 500, 600, 700, 850, 925, 1000)
@@ -54,8 +54,23 @@ INPUT_FRAMES = 2
 MAX_MESH_SPLITS = 7
 
 
-def _fail(cls: str, field: str, value: object, allowed: str) -> None:
-    raise ValueError(f"{cls}.{field}={value!r} is invalid: {allowed}.")
+def invalid(config: object, field: str, allowed: str) -> NoReturn:
+    """Raises the error every gclab config gives for a bad field value.
+
+    ``ValueError("<Class>.<field>=<value> is invalid: <allowed>.")``
+    """
+    value = getattr(config, field)
+    raise ValueError(f"{type(config).__name__}.{field}={value!r} is invalid: {allowed}.")
+
+
+def is_int(v: object) -> bool:
+    """An int, and not a bool."""
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def is_number(v: object) -> bool:
+    """An int or float, and not a bool."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,28 +104,25 @@ class ModelConfig:
     mesh2grid_edge_normalization_factor: Optional[float] = None
 
     def __post_init__(self) -> None:
-        name = type(self).__name__
         res = self.resolution
-        if isinstance(res, bool) or not isinstance(res, (int, float)) or not res > 0:
-            _fail(name, "resolution", res, "a positive number of degrees that divides 180")
+        if not is_number(res) or not res > 0:
+            invalid(self, "resolution", "a positive number of degrees that divides 180")
         n = 180.0 / res
         if abs(n - round(n)) > 1e-9 or abs(360.0 / res - round(360.0 / res)) > 1e-9:
-            _fail(name, "resolution", res, "180 / resolution must be a whole number "
-                  "(e.g. 0.25, 1, 4, 10)")
-        s = self.mesh_splits
-        if isinstance(s, bool) or not isinstance(s, int) or not 0 <= s <= MAX_MESH_SPLITS:
-            _fail(name, "mesh_splits", s, f"an integer in 0..{MAX_MESH_SPLITS}")
+            invalid(self, "resolution", "180 / resolution must be a whole number "
+                    "(e.g. 0.25, 1, 4, 10)")
+        if not is_int(self.mesh_splits) or not 0 <= self.mesh_splits <= MAX_MESH_SPLITS:
+            invalid(self, "mesh_splits", f"an integer in 0..{MAX_MESH_SPLITS}")
         for field in ("latent_size", "processor_steps", "hidden_layers"):
             v = getattr(self, field)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                _fail(name, field, v, "an integer >= 1")
+            if not is_int(v) or v < 1:
+                invalid(self, field, "an integer >= 1")
         f = self.radius_query_fraction_edge_length
-        if isinstance(f, bool) or not isinstance(f, (int, float)) or not f > 0 or math.isinf(f):
-            _fail(name, "radius_query_fraction_edge_length", f, "a finite number > 0")
+        if not is_number(f) or not f > 0 or math.isinf(f):
+            invalid(self, "radius_query_fraction_edge_length", "a finite number > 0")
         g = self.mesh2grid_edge_normalization_factor
-        if g is not None and (isinstance(g, bool) or not isinstance(g, (int, float))
-                              or not g > 0 or math.isinf(g)):
-            _fail(name, "mesh2grid_edge_normalization_factor", g, "None or a finite number > 0")
+        if g is not None and (not is_number(g) or not g > 0 or math.isinf(g)):
+            invalid(self, "mesh2grid_edge_normalization_factor", "None or a finite number > 0")
 
     @property
     def n_lat(self) -> int:
@@ -155,15 +167,14 @@ class TaskConfig:
     precipitation_input: bool = True
 
     def __post_init__(self) -> None:
-        name = type(self).__name__
         levels = self.pressure_levels
         if not isinstance(levels, tuple) or not levels or not all(
-                isinstance(p, (int, float)) and not isinstance(p, bool) and p > 0 for p in levels):
-            _fail(name, "pressure_levels", levels, "a non-empty tuple of positive pressures (hPa)")
+                is_number(p) and p > 0 for p in levels):
+            invalid(self, "pressure_levels", "a non-empty tuple of positive pressures (hPa)")
         if len(set(levels)) != len(levels):
-            _fail(name, "pressure_levels", levels, "pressures must be distinct")
+            invalid(self, "pressure_levels", "pressures must be distinct")
         if not isinstance(self.precipitation_input, bool):
-            _fail(name, "precipitation_input", self.precipitation_input, "True or False")
+            invalid(self, "precipitation_input", "True or False")
 
     @classmethod
     def from_levels(cls, levels: int, precipitation_input: bool = True) -> "TaskConfig":

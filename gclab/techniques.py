@@ -27,6 +27,8 @@ import math
 import re
 from typing import Optional
 
+from gclab.config import invalid, is_int, is_number
+
 REMAT_KINDS = ("none", "step", "every", "nested", "ratio")
 REMAT_POLICIES = ("nothing", "dots", "aggregated", "node-latents")
 PRECISIONS = ("f32", "bf16")
@@ -81,17 +83,15 @@ class MemoryConfig:
     donate: bool = False
 
     def __post_init__(self) -> None:
-        name = type(self).__name__
-
         def fail(field, allowed):
-            raise ValueError(f"{name}.{field}={getattr(self, field)!r} is invalid: {allowed}.")
+            invalid(self, field, allowed)
 
         if self.processor_remat not in REMAT_KINDS:
             fail("processor_remat", "one of " + ", ".join(REMAT_KINDS))
-        if not _is_int(self.remat_group_size) or self.remat_group_size < 1:
+        if not is_int(self.remat_group_size) or self.remat_group_size < 1:
             fail("remat_group_size", "an integer >= 1")
         r = self.remat_ratio
-        if isinstance(r, bool) or not isinstance(r, (int, float)) or not 0 <= r <= 1:
+        if not is_number(r) or not 0 <= r <= 1:
             fail("remat_ratio", "a number in [0, 1]")
         if self.remat_policy not in REMAT_POLICIES:
             fail("remat_policy", "one of " + ", ".join(REMAT_POLICIES))
@@ -101,7 +101,7 @@ class MemoryConfig:
             if not isinstance(getattr(self, field), bool):
                 fail(field, "True or False")
         if self.edge_block_size is not None and (
-                not _is_int(self.edge_block_size) or self.edge_block_size < 1):
+                not is_int(self.edge_block_size) or self.edge_block_size < 1):
             fail("edge_block_size", "None or an integer >= 1")
         if self.processor_edge_blocks and self.edge_block_size is None:
             fail("processor_edge_blocks", "needs edge_block_size to be set")
@@ -109,7 +109,7 @@ class MemoryConfig:
             fail("stream_grid_nodes", "needs edge_block_size to be set")
         if self.precision not in PRECISIONS:
             fail("precision", "one of " + ", ".join(PRECISIONS))
-        if not _is_int(self.microbatches) or self.microbatches < 1:
+        if not is_int(self.microbatches) or self.microbatches < 1:
             fail("microbatches", "an integer >= 1")
 
     def replace(self, **changes) -> "MemoryConfig":
@@ -133,10 +133,6 @@ class MemoryConfig:
         if self.processor_remat == "ratio":
             return min(steps, math.ceil(self.remat_ratio * steps - 1e-9))
         return steps
-
-
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
 
 
 _SPEC = re.compile(r"^(none|step|every|nested|ratio)(?::([^,]+))?(?:,policy=([\w-]+))?$")

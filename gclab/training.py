@@ -35,7 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from gclab.config import FORCING_VARIABLES, TaskConfig
+from gclab.config import FORCING_VARIABLES, TaskConfig, invalid, is_int, is_number
 from gclab.losses import loss_weights, weighted_mse
 from gclab.techniques import MemoryConfig
 
@@ -66,28 +66,23 @@ class TrainConfig:
     grad_clip: float | None = 32.0
 
     def __post_init__(self) -> None:
-        def fail(field, allowed):
-            raise ValueError(f"TrainConfig.{field}={getattr(self, field)!r} is invalid: "
-                             f"{allowed}.")
-
         for f in ("peak_learning_rate", "end_learning_rate", "weight_decay"):
             v = getattr(self, f)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
-                fail(f, "a number >= 0")
+            if not is_number(v) or v < 0:
+                invalid(self, f, "a number >= 0")
         for f in ("warmup_steps", "total_steps"):
             v = getattr(self, f)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-                fail(f, "an integer >= 0")
+            if not is_int(v) or v < 0:
+                invalid(self, f, "an integer >= 0")
         if self.total_steps <= self.warmup_steps:
-            fail("total_steps", f"more than warmup_steps={self.warmup_steps}")
+            invalid(self, "total_steps", f"more than warmup_steps={self.warmup_steps}")
         for f in ("b1", "b2"):
             v = getattr(self, f)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v < 1:
-                fail(f, "a number in [0, 1)")
+            if not is_number(v) or not 0 <= v < 1:
+                invalid(self, f, "a number in [0, 1)")
         g = self.grad_clip
-        if g is not None and (isinstance(g, bool) or not isinstance(g, (int, float))
-                              or not g > 0):
-            fail("grad_clip", "None or a number > 0")
+        if g is not None and (not is_number(g) or not g > 0):
+            invalid(self, "grad_clip", "None or a number > 0")
 
 
 def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformation:
