@@ -17,7 +17,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
-from matplotlib.ticker import FuncFormatter
+from matplotlib.ticker import FuncFormatter, MaxNLocator
 
 from gclab.measure import format_bytes
 
@@ -96,9 +96,27 @@ def stage_color(stage: str) -> str:
     return color
 
 
+class _BinaryLocator(MaxNLocator):
+    """Ticks at round numbers of the binary unit of the axis range (100 MiB, not 95.4)."""
+
+    def tick_values(self, vmin: float, vmax: float) -> np.ndarray:
+        top = max(abs(vmin), abs(vmax))
+        unit = 1024.0 ** int(np.floor(np.log(top) / np.log(1024.0))) if top >= 1 else 1.0
+        return super().tick_values(vmin / unit, vmax / unit) * unit
+
+
+def _byte_label(v: float, _: Any = None) -> str:
+    text = format_bytes(v, 1)
+    number, _, unit = text.partition(" ")
+    return f"{number.removesuffix('.0')} {unit}"
+
+
 def bytes_axis(axis: Any) -> None:
-    """Formats a matplotlib axis (e.g. ``ax.yaxis``) in KiB/MiB/GiB."""
-    axis.set_major_formatter(FuncFormatter(lambda v, _: format_bytes(v, 1)))
+    """Formats a matplotlib axis (e.g. ``ax.yaxis``) in KiB/MiB/GiB; on a linear axis,
+    ticks fall on round numbers of the unit."""
+    if axis.get_scale() == "linear":
+        axis.set_major_locator(_BinaryLocator(nbins=6, steps=[1, 2, 2.5, 5, 10]))
+    axis.set_major_formatter(FuncFormatter(_byte_label))
 
 
 def _runs(labels: Sequence[str]) -> list[tuple[str, int, int]]:
@@ -267,9 +285,10 @@ def plot_tradeoff(
         ax.set_xlabel(x.replace("_", " "))
         ax.set_ylabel(y.replace("_", " "))
         bytes_axis(ax.yaxis)
-        ax.set_ylim(bottom=0)
+        ax.set_ylim(0, 1.15 * float(np.nanmax(df[y])))
+        ax.set_xlim(0, 1.15 * float(np.nanmax(df[x])))
         ax.set_title(title)
-        ax.legend(loc="best")
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))
         fig.tight_layout()
     return fig
 
@@ -317,7 +336,10 @@ def plot_heatmap(
         fig, ax = plt.subplots(figsize=(1.2 + 1.1 * grid.shape[1], 1.0 + 0.6 * grid.shape[0]))
         shown = np.ma.masked_array(values, mask=oom_mask)
         cmap = plt.get_cmap("viridis").with_extremes(bad="#d9d9d9")
-        image = ax.imshow(shown, cmap=cmap, aspect="auto", origin="lower")
+        fits = not bool(oom_mask.all())
+        image = ax.imshow(shown, cmap=cmap, aspect="auto", origin="lower",
+                          vmin=float(shown.min()) if fits else 0.0,
+                          vmax=float(shown.max()) if fits else 1.0)
         for (r, c), v in np.ndenumerate(values):
             if oom_mask[r, c]:
                 ax.add_patch(plt.Rectangle(
@@ -334,8 +356,9 @@ def plot_heatmap(
         ax.set_xlabel(x.replace("_", " "))
         ax.set_ylabel(y.replace("_", " "))
         ax.grid(False)
-        bar = fig.colorbar(image, ax=ax)
-        bytes_axis(bar.ax.yaxis)
+        if fits:  # a colour scale only where some cell fits
+            bar = fig.colorbar(image, ax=ax)
+            bytes_axis(bar.ax.yaxis)
         suffix = f" (budget {format_bytes(budget_bytes, 0)})" if budget_bytes else ""
         ax.set_title((title or value.replace("_", " ")) + suffix)
         fig.tight_layout()

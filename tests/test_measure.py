@@ -377,7 +377,27 @@ def test_plot_heatmap_marks_oom(tmp_path):
     assert len(texts) == 6
     # (128, 4) by status; (512, 8) = 4096 MiB over budget; the others fit.
     assert sum(t.startswith("OOM") for t in texts) == 2
+    assert len(fig.axes) == 2  # the heatmap and its colour bar
     _save(fig, tmp_path, "heatmap")
+    # Nothing fits: every cell is marked, and there is no colour scale to read.
+    none_fit = plots.plot_heatmap(df, budget_bytes=1 * MiB)
+    assert all(t.get_text().startswith("OOM") for t in none_fit.axes[0].texts)
+    assert len(none_fit.axes) == 1
+
+
+def test_bytes_axis_ticks_are_round_binary_numbers():
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    ax.plot([0, 1], [0, 470 * MiB])
+    plots.bytes_axis(ax.yaxis)
+    fig.canvas.draw()
+    ticks = [t for t in ax.get_yticks() if 0 <= t <= 470 * MiB]
+    assert len(ticks) >= 3
+    assert all(t % (50 * MiB) == 0 for t in ticks), [t / MiB for t in ticks]
+    labels = [t.get_text() for t in ax.get_yticklabels() if t.get_text()]
+    assert "100 MiB" in labels or "200 MiB" in labels, labels
+    plt.close(fig)
 
 
 def test_plot_fit_chart(tmp_path):
