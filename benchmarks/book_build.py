@@ -1,14 +1,17 @@
 """Benchmark: the README's "build the book" command on a fresh clone, timed per chapter.
 
-Clones the repository (committed state) into a temporary folder, runs the README's build
-command there (``jupyter-book build . -W --keep-going``: every chapter executes, through
-jupyter-cache), and reads each chapter's execution time from the cache that the build
-writes (``_build/.jupyter_cache``). Writes ``benchmarks/results/book-build-<backend>.json``
-with the hardware and date. Set ``--skip-install`` to leave out the README's
-``pip install -r requirements.txt`` step (the packages must be installed already).
+Clones the repository (committed state) into a temporary folder and runs the README's
+build command there, in a new virtual environment of its own (as on a fresh machine:
+``pip install -r requirements.txt`` downloads and installs everything, then
+``jupyter-book build . -W --keep-going`` executes every chapter through jupyter-cache).
+Reads each chapter's execution time from the cache the build writes
+(``_build/.jupyter_cache``) and writes ``benchmarks/results/book-build-<backend>.json``
+with the hardware and date. The environment this script runs in is left untouched.
+``--system-packages`` lets the new environment see this Python's installed packages
+(pip then installs only what is missing).
 
 Usage:
-  python benchmarks/book_build.py [--skip-install] [--keep DIR]
+  python benchmarks/book_build.py [--system-packages] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -47,8 +50,8 @@ def _chapter_seconds(build_dir: Path) -> dict[str, float]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--skip-install", action="store_true",
-                        help="do not run 'pip install -r requirements.txt' first")
+    parser.add_argument("--system-packages", action="store_true",
+                        help="let the new environment see this Python's packages")
     parser.add_argument("--keep", metavar="DIR",
                         help="clone into DIR and keep it (default: a temporary folder)")
     args = parser.parse_args(argv)
@@ -60,27 +63,38 @@ def main(argv: list[str] | None = None) -> int:
     subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=clone, check=True,
                             capture_output=True, text=True).stdout.strip()
-    steps = [] if args.skip_install else [
-        [sys.executable, "-m", "pip", "install", "-q", "-r", "requirements.txt"]]
-    steps.append(["jupyter-book", "build", ".", "-W", "--keep-going"])
-    env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
-    env.pop("MPLBACKEND", None)
-    t0 = time.perf_counter()
+    venv = work / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)]
+                   + (["--system-site-packages"] if args.system_packages else []), check=True)
+    steps = [["pip", "install", "-q", "-r", "requirements.txt"],
+             ["jupyter-book", "build", ".", "-W", "--keep-going"]]
+    env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1", "VIRTUAL_ENV": str(venv),
+           "PATH": f"{venv / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"}
+    for name in ("MPLBACKEND", "PYTHONPATH", "PYTHONHOME"):
+        env.pop(name, None)
+    step_seconds = {}
     for command in steps:
-        result = subprocess.run(command, cwd=clone, env=env)
+        t0 = time.perf_counter()
+        result = subprocess.run([str(venv / "bin" / command[0]), *command[1:]], cwd=clone,
+                                env=env)
         if result.returncode:
             print(f"failed ({result.returncode}): {' '.join(command)}", file=sys.stderr)
             return result.returncode
-    seconds = time.perf_counter() - t0
+        name = "pip install" if command[0] == "pip" else "jupyter-book build"
+        step_seconds[name] = round(time.perf_counter() - t0, 1)
+    seconds = sum(step_seconds.values())
     chapters = _chapter_seconds(clone / "_build")
     html = sorted(p.name for p in (clone / "_build" / "html" / "book").glob("*.html"))
     record = {
         "benchmark": "README build command on a fresh clone",
         "command": " && ".join(" ".join(c) for c in steps),
+        "environment": "new virtual environment"
+                       + (" seeing the system packages" if args.system_packages else ""),
         "commit": commit,
         "hardware": _hardware(),
         "date": time.strftime("%Y-%m-%d", time.gmtime()),
         "total_seconds": round(seconds, 1),
+        "step_seconds": step_seconds,
         "chapter_execution_seconds": chapters,
         "html_pages": html,
     }

@@ -3,7 +3,8 @@
 The README shows numbers only through this script: the recipe table comes from
 `benchmarks/results/memory-cpu.json` (written by `memory_recipes.py`) and the planner
 example from `benchmarks/results/plan-graphcast-small-T4.txt` (the output of
-`python -m gclab plan --budget T4 --preset graphcast-small`). `tests/test_readme.py`
+`python -m gclab plan --budget T4 --preset graphcast-small`), the book's build time from
+`benchmarks/results/book-build-cpu.json` (written by `book_build.py`). `tests/test_readme.py`
 checks that the README matches them.
 
     python benchmarks/update_readme.py
@@ -50,7 +51,21 @@ def plan_block() -> str:
     return "```\n" + (RESULTS / "plan-graphcast-small-T4.txt").read_text().strip() + "\n```"
 
 
-BLOCKS = {"memory-table": memory_block, "plan-example": plan_block}
+def book_block() -> str:
+    record = json.loads((RESULTS / "book-build-cpu.json").read_text())
+    hw = record["hardware"]
+    chapters = ", ".join(f"{name.split('_')[0]} {seconds:.0f} s"
+                         for name, seconds in record["chapter_execution_seconds"].items())
+    steps = record.get("step_seconds", {})
+    pip = (f" (`pip install` {steps['pip install'] / 60:.1f} of them, into a "
+           f"{record['environment']})" if "pip install" in steps else "")
+    return (f"Measured with `python benchmarks/book_build.py` on a fresh clone "
+            f"({hw['cpu cores']}-core {hw['backend']}, {hw['host memory']} RAM, {record['date']}): "
+            f"{record['total_seconds'] / 60:.1f} minutes in all{pip}; chapter execution times: "
+            f"{chapters}.")
+
+
+BLOCKS = {"memory-table": memory_block, "plan-example": plan_block, "book-build": book_block}
 
 
 def render(readme: str) -> str:

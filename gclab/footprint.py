@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import jax
 import jax.numpy as jnp
@@ -109,11 +109,64 @@ def train_step_abstract(spec: StepSpec, graphs: Optional[Graphs] = None):
 
 def train_step_memory(spec: StepSpec, graphs: Optional[Graphs] = None) -> StepMemory:
     """XLA's compiled memory of one training step of `spec`, from shapes alone."""
+    return compile_train_step(spec, graphs).memory
+
+
+def train_step_timeline(spec: StepSpec, graphs: Optional[Graphs] = None):
+    """The memory timeline (`gclab.timeline.Timeline`) of one training step of `spec`."""
+    return compile_train_step(spec, graphs, timeline=True).timeline
+
+
+@dataclasses.dataclass(frozen=True)
+class CompiledStep:
+    """What one compile of a training step gives (see `compile_train_step`).
+
+    Attributes:
+      spec: the step.
+      memory: XLA's compiled memory figures.
+      timeline: the memory timeline (`gclab.timeline.Timeline`), if asked for.
+      run: if asked for, a zero-argument callable that runs one real training step on
+        random state and a random batch, and blocks until it is done.
+    """
+
+    spec: StepSpec
+    memory: StepMemory
+    timeline: Any = None
+    run: Optional[Callable[[], None]] = None
+
+
+def compile_train_step(spec: StepSpec, graphs: Optional[Graphs] = None, *,
+                       timeline: bool = False, live: bool = False,
+                       seed: int = 0) -> CompiledStep:
+    """Compiles one training step of `spec` once, for any of memory, timeline and runs.
+
+    Args:
+      spec: the step.
+      graphs: the model's graphs (built or loaded from the cache if None).
+      timeline: also read the memory timeline from XLA's buffer assignment.
+      live: compile for real arrays (random state and batch, seeded by `seed`) and
+        return a runnable step; the memory figures are the same as from shapes.
+      seed: seed of the random state and batch when `live`.
+
+    Returns:
+      A `CompiledStep`.
+    """
+    from gclab.timeline import compile_with_timeline
+
+    graphs = graphs if graphs is not None else graphs_for(spec.model)
     step, args = train_step_abstract(spec, graphs)
+    if live:
+        args = _random_args(args, graphs, seed)
     donate = (0,) if spec.memory.donate else ()
-    compiled, seconds = _compile(step, args, donate)
+    lines = None
+    if timeline:
+        compiled, seconds, lines = compile_with_timeline(
+            step, *args, donate_argnums=donate, name=spec.memory_label())
+    else:
+        compiled, seconds = _compile(step, args, donate)
     m = memory_of_compiled(compiled, seconds)
-    return StepMemory(**dataclasses.asdict(m), num_params=count_params(spec.model, spec.task))
+    memory = StepMemory(**dataclasses.asdict(m), num_params=count_params(spec.model, spec.task))
+    return CompiledStep(spec, memory, lines, _runner(compiled, args) if live else None)
 
 
 def _compile(step: Callable, args, donate):
@@ -124,13 +177,30 @@ def _compile(step: Callable, args, donate):
     return compiled, time.perf_counter() - t0
 
 
-def train_step_timeline(spec: StepSpec, graphs: Optional[Graphs] = None):
-    """The memory timeline (`gclab.timeline.Timeline`) of one training step of `spec`."""
-    from gclab.timeline import memory_timeline
+def _random_args(abstract_args, graphs: Graphs, seed: int):
+    """Real (state, graph, example): random state and batch of the abstract shapes."""
+    state_s, _, example_s = abstract_args
+    key = jax.random.PRNGKey(seed)
 
-    step, args = train_step_abstract(spec, graphs)
-    donate = (0,) if spec.memory.donate else ()
-    return memory_timeline(step, *args, donate_argnums=donate, name=spec.memory_label())
+    def fill(s):
+        nonlocal key
+        key, sub = jax.random.split(key)
+        if jnp.issubdtype(s.dtype, jnp.floating):
+            return 0.1 * jax.random.normal(sub, s.shape, s.dtype)
+        return jnp.zeros(s.shape, s.dtype)
+
+    return (jax.tree_util.tree_map(fill, state_s), graph_inputs(graphs),
+            jax.tree_util.tree_map(fill, example_s))
+
+
+def _runner(compiled, args) -> Callable[[], None]:
+    holder = {"state": args[0]}
+
+    def run():
+        holder["state"], metrics = compiled(holder["state"], *args[1:])
+        jax.block_until_ready(metrics)
+
+    return run
 
 
 def loss_grad_abstract(spec: StepSpec, graphs: Optional[Graphs] = None):
@@ -151,27 +221,11 @@ def loss_grad_abstract(spec: StepSpec, graphs: Optional[Graphs] = None):
 
 
 def make_live_step(spec: StepSpec, seed: int = 0, graphs: Optional[Graphs] = None) -> Callable:
-    """A zero-argument callable that runs one real jitted training step and blocks."""
-    graphs = graphs if graphs is not None else graphs_for(spec.model)
-    step, (state_s, _, example_s) = train_step_abstract(spec, graphs)
-    graph = graph_inputs(graphs)
-    key = jax.random.PRNGKey(seed)
+    """A zero-argument callable that runs one real jitted training step and blocks.
 
-    def fill(s):
-        nonlocal key
-        key, sub = jax.random.split(key)
-        if jnp.issubdtype(s.dtype, jnp.floating):
-            return 0.1 * jax.random.normal(sub, s.shape, s.dtype)
-        return jnp.zeros(s.shape, s.dtype)
-
-    state = jax.tree_util.tree_map(fill, state_s)
-    example = jax.tree_util.tree_map(fill, example_s)
-    jitted = jax.jit(step, donate_argnums=(0,) if spec.memory.donate else ())
-    holder = {"state": state}
-
-    def run():
-        holder["state"], metrics = jitted(holder["state"], graph, example)
-        jax.block_until_ready(metrics)
-
-    run()  # compile outside the timed calls
+    It is compiled and run once before it is returned, so that timed calls measure
+    the step alone.
+    """
+    run = compile_train_step(spec, graphs, live=True, seed=seed).run
+    run()
     return run

@@ -22,7 +22,7 @@ from matplotlib.ticker import FuncFormatter, MaxNLocator
 from gclab.measure import format_bytes
 
 __all__ = [
-    "CARD_GIB",
+    "CARD_GB",
     "STAGE_COLORS",
     "STYLE",
     "bytes_axis",
@@ -61,8 +61,8 @@ STAGE_COLORS: dict[str, str] = {
     "other": "#8c564b",
 }
 
-#: Memory of common accelerator cards, in GiB.
-CARD_GIB: tuple[int, ...] = (16, 24, 40, 80)
+#: Memory of common accelerator cards, in GB (10^9 bytes, as `gclab.planner.CARDS` counts).
+CARD_GB: tuple[int, ...] = (16, 24, 40, 80)
 
 _STEP_RE = re.compile(r" step (\d+)$")
 
@@ -367,7 +367,7 @@ def plot_heatmap(
 
 def plot_fit_chart(
     df: pd.DataFrame,
-    cards: Sequence[float] | Mapping[str, float] = CARD_GIB,
+    cards: Sequence[float] | Mapping[str, float] = CARD_GB,
     *,
     label: str = "config",
     value: str = "total_bytes",
@@ -377,7 +377,8 @@ def plot_fit_chart(
 
     Args:
       df: one row per configuration with columns `label` and `value` (bytes).
-      cards: card sizes in GiB (sequence), or ``{name: GiB}``.
+      cards: card sizes in GB of 10^9 bytes (sequence), or ``{name: GB}``, as the
+        planner's `CARDS` counts them.
       label: configuration-name column.
       value: bytes column.
       title: axes title.
@@ -395,13 +396,13 @@ def plot_fit_chart(
         fig, ax = plt.subplots()
         colors = []
         for v in df[value].to_numpy(dtype=float):
-            fits = [i for i, (_, g) in enumerate(sizes) if v <= g * 2**30]
+            fits = [i for i, (_, g) in enumerate(sizes) if v <= g * 1e9]
             colors.append(palette[fits[0]] if fits else "#d62728")
         ax.bar([str(v) for v in df[label]], df[value].to_numpy(dtype=float), color=colors)
-        for (name, gib), color in zip(sizes, palette, strict=True):
-            ax.axhline(gib * 2**30, color=color, linestyle="--", linewidth=1.0)
+        for (name, gb), color in zip(sizes, palette, strict=True):
+            ax.axhline(gb * 1e9, color=color, linestyle="--", linewidth=1.0)
             ax.annotate(
-                name, (1.0, gib * 2**30), xycoords=("axes fraction", "data"),
+                name, (1.0, gb * 1e9), xycoords=("axes fraction", "data"),
                 xytext=(2, 0), textcoords="offset points", va="center", fontsize=8,
                 annotation_clip=False,
             )

@@ -77,6 +77,7 @@ from gclab.measure import _compile_timed, format_bytes, memory_of_compiled
 __all__ = [
     "DEFAULT_STAGE_RULES",
     "Timeline",
+    "compile_with_timeline",
     "label_op",
     "memory_timeline",
     "timeline_from_dump",
@@ -694,6 +695,33 @@ def memory_timeline(
     Returns:
       A `Timeline` whose `temp_bytes` comes from the same compilation.
     """
+    return compile_with_timeline(
+        fn, *args, stage_rules=stage_rules, static_argnums=static_argnums,
+        donate_argnums=donate_argnums, name=name, keep_dump=keep_dump,
+        unroll_loops=unroll_loops, **kwargs,
+    )[2]
+
+
+def compile_with_timeline(
+    fn: Callable[..., Any],
+    *args: Any,
+    stage_rules: Sequence[StageRule] | None = None,
+    static_argnums: Sequence[int] | int = (),
+    donate_argnums: Sequence[int] | int = (),
+    name: str | None = None,
+    keep_dump: str | None = None,
+    unroll_loops: bool = True,
+    **kwargs: Any,
+) -> tuple[Any, float, Timeline]:
+    """`memory_timeline`, also returning the compiled function and its compile seconds.
+
+    The compiled function (a `jax.stages.Compiled`) can be called with arrays of the
+    shapes it was compiled for, so one compile gives the memory figures, the timeline
+    and a runnable step. Arguments as `memory_timeline`.
+
+    Returns:
+      ``(compiled, compile_seconds, timeline)``.
+    """
     dump_dir = keep_dump or tempfile.mkdtemp(prefix="gclab_xla_dump_")
     options = {"xla_dump_to": dump_dir, "xla_dump_hlo_as_text": True}
     try:
@@ -712,9 +740,10 @@ def memory_timeline(
     finally:
         if keep_dump is None:
             shutil.rmtree(dump_dir, ignore_errors=True)
-    return dataclasses.replace(
+    timeline = dataclasses.replace(
         timeline,
         argument_bytes=memory.argument_bytes,
         output_bytes=memory.output_bytes,
         backend=memory.backend,
     )
+    return compiled, seconds, timeline

@@ -407,10 +407,14 @@ def test_plot_fit_chart(tmp_path):
     fig = plots.plot_fit_chart(df, cards=(16, 24, 40, 80))
     ax = fig.axes[0]
     assert len(ax.lines) == 4
+    # Cards in GB of 10^9 bytes, as the planner counts them.
     assert sorted(line.get_ydata()[0] for line in ax.lines) == [
-        g * 2**30 for g in (16, 24, 40, 80)
+        g * 1e9 for g in (16, 24, 40, 80)
     ]
     assert len(ax.patches) == 3
+    red = matplotlib.colors.to_rgba("#d62728")
+    assert ax.patches[2].get_facecolor() == red  # 120 GB fits no card
+    assert ax.patches[0].get_facecolor() != red
     _save(fig, tmp_path, "fit")
 
 
@@ -418,3 +422,25 @@ def test_stage_colors_fixed():
     assert plots.stage_color("encoder") == plots.STAGE_COLORS["encoder"]
     assert plots.stage_color("processor step 2") == plots.STAGE_COLORS["processor"]
     assert plots.stage_color("backward: encoder") != plots.stage_color("encoder")
+
+
+def test_one_compile_gives_memory_timeline_and_a_runnable_step():
+    """`compile_train_step` compiles once for real arrays: its memory equals the figure from
+    shapes alone, its timeline agrees with it, and the step runs (and trains)."""
+    import dataclasses
+
+    from gclab.config import PRESETS
+    from gclab.footprint import StepSpec, compile_train_step, train_step_memory
+
+    preset = PRESETS["cpu-4x32"]
+    model = dataclasses.replace(preset.model, latent_size=16, processor_steps=2)
+    spec = StepSpec(model, preset.task, MemoryConfig(processor_remat="step"))
+    step = compile_train_step(spec, timeline=True, live=True)
+    assert step.memory.temp_bytes == train_step_memory(spec).temp_bytes
+    assert step.timeline.temp_bytes == step.memory.temp_bytes
+    assert step.timeline.peak_bytes <= step.memory.temp_bytes
+    assert any(s.startswith("processor step") for s in step.timeline.stages())
+    step.run()
+    step.run()
+    plain = compile_train_step(spec)
+    assert plain.timeline is None and plain.run is None
