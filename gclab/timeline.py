@@ -66,7 +66,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Union
 
 import numpy as np
@@ -711,19 +711,21 @@ def compile_with_timeline(
     name: str | None = None,
     keep_dump: str | None = None,
     unroll_loops: bool = True,
+    compiler_options: Mapping[str, Any] | None = None,
     **kwargs: Any,
 ) -> tuple[Any, float, Timeline]:
     """`memory_timeline`, also returning the compiled function and its compile seconds.
 
     The compiled function (a `jax.stages.Compiled`) can be called with arrays of the
     shapes it was compiled for, so one compile gives the memory figures, the timeline
-    and a runnable step. Arguments as `memory_timeline`.
+    and a runnable step. Arguments as `memory_timeline`, plus `compiler_options` (XLA
+    options for this compile, added to the dump options).
 
     Returns:
       ``(compiled, compile_seconds, timeline)``.
     """
     dump_dir = keep_dump or tempfile.mkdtemp(prefix="gclab_xla_dump_")
-    options = {"xla_dump_to": dump_dir, "xla_dump_hlo_as_text": True}
+    options = {**(compiler_options or {}), "xla_dump_to": dump_dir, "xla_dump_hlo_as_text": True}
     try:
         compiled, seconds = _compile_timed(
             fn, args, kwargs, static_argnums, donate_argnums, options

@@ -444,3 +444,28 @@ def test_one_compile_gives_memory_timeline_and_a_runnable_step():
     step.run()
     plain = compile_train_step(spec)
     assert plain.timeline is None and plain.run is None
+
+
+@pytest.mark.parametrize("recipe", ["none", "deepmind", "lean"])
+def test_plan_only_compile_keeps_the_memory_plan(recipe):
+    """Compiles that are only read skip LLVM's optimisation (faster); XLA's buffer
+    assignment comes before it, so every memory figure is unchanged."""
+    import dataclasses
+
+    from gclab.config import PRESETS
+    from gclab.footprint import StepSpec, plan_only_options, train_step_abstract
+    from gclab.techniques import get_recipe
+
+    preset = PRESETS["cpu-4x32"]
+    model = dataclasses.replace(preset.model, latent_size=16, processor_steps=3)
+    memory = get_recipe(recipe)
+    if memory.edge_block_size is not None:
+        memory = memory.replace(edge_block_size=500)
+    step, args = train_step_abstract(StepSpec(model, preset.task, memory))
+    options = plan_only_options()
+    assert options == {"xla_backend_optimization_level": 0}  # on the CPU backend
+    default = compile_fn(step, *args).memory_analysis()
+    plan = compile_fn(step, *args, compiler_options=options).memory_analysis()
+    for field in ("temp_size_in_bytes", "argument_size_in_bytes", "output_size_in_bytes",
+                  "alias_size_in_bytes"):
+        assert getattr(plan, field) == getattr(default, field), field
