@@ -83,34 +83,31 @@ class MemoryConfig:
     donate: bool = False
 
     def __post_init__(self) -> None:
-        def fail(field, allowed):
-            invalid(self, field, allowed)
-
         if self.processor_remat not in REMAT_KINDS:
-            fail("processor_remat", "one of " + ", ".join(REMAT_KINDS))
+            invalid(self, "processor_remat", "one of " + ", ".join(REMAT_KINDS))
         if not is_int(self.remat_group_size) or self.remat_group_size < 1:
-            fail("remat_group_size", "an integer >= 1")
+            invalid(self, "remat_group_size", "an integer >= 1")
         r = self.remat_ratio
         if not is_number(r) or not 0 <= r <= 1:
-            fail("remat_ratio", "a number in [0, 1]")
+            invalid(self, "remat_ratio", "a number in [0, 1]")
         if self.remat_policy not in REMAT_POLICIES:
-            fail("remat_policy", "one of " + ", ".join(REMAT_POLICIES))
+            invalid(self, "remat_policy", "one of " + ", ".join(REMAT_POLICIES))
         for field in ("checkpoint_encoder", "checkpoint_decoder", "processor_edge_blocks",
                       "gather_after_matmul", "float32_aggregation", "rollout_remat", "donate",
                       "stream_grid_nodes"):
             if not isinstance(getattr(self, field), bool):
-                fail(field, "True or False")
+                invalid(self, field, "True or False")
         if self.edge_block_size is not None and (
                 not is_int(self.edge_block_size) or self.edge_block_size < 1):
-            fail("edge_block_size", "None or an integer >= 1")
+            invalid(self, "edge_block_size", "None or an integer >= 1")
         if self.processor_edge_blocks and self.edge_block_size is None:
-            fail("processor_edge_blocks", "needs edge_block_size to be set")
+            invalid(self, "processor_edge_blocks", "needs edge_block_size to be set")
         if self.stream_grid_nodes and self.edge_block_size is None:
-            fail("stream_grid_nodes", "needs edge_block_size to be set")
+            invalid(self, "stream_grid_nodes", "needs edge_block_size to be set")
         if self.precision not in PRECISIONS:
-            fail("precision", "one of " + ", ".join(PRECISIONS))
+            invalid(self, "precision", "one of " + ", ".join(PRECISIONS))
         if not is_int(self.microbatches) or self.microbatches < 1:
-            fail("microbatches", "an integer >= 1")
+            invalid(self, "microbatches", "an integer >= 1")
 
     def replace(self, **changes) -> "MemoryConfig":
         return dataclasses.replace(self, **changes)

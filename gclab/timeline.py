@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import glob
 import os
 import re
@@ -411,14 +412,18 @@ def _step_loops(op_text: dict[str, str], trips: dict[str, int]) -> dict[str, tup
     return out
 
 
-def _body_scopes(text: str) -> list[tuple[int, int]]:
-    """(offset, stride) of the step scans an op sits in the body of, outermost first."""
+@functools.lru_cache(maxsize=None)
+def _body_scopes(text: str) -> tuple[tuple[int, int], ...]:
+    """(offset, stride) of the step scans an op sits in the body of, outermost first.
+
+    Cached: an unrolled timeline asks once per iteration for the same op_name.
+    """
     out = []
     for m in _STEP_SCOPE_RE.finditer(text.split(" @ ")[0]):
         rest = m.group(3).split("/")
         if any(a == "while" and b == "body" for a, b in zip(rest, rest[1:])):
             out.append((int(m.group(1)), int(m.group(2))))
-    return out
+    return tuple(out)
 
 
 def _step_label(
@@ -439,7 +444,7 @@ def _step_label(
     base = stage[len(BACKWARD_PREFIX):] if stage.startswith(BACKWARD_PREFIX) else stage
     if base not in numbered:
         return stage
-    scopes = _body_scopes(text)
+    scopes = list(_body_scopes(text))
     step, stride = 0, 0
     for name, k, n in tags:
         if name in step_loops:
@@ -640,10 +645,11 @@ def timeline_from_dump(
     points = np.arange(len(sequence))
     unrolled = False
     if unroll_loops:
-        loops = _loops(sequence, callees, members, _trip_counts(hlo_text))
+        trips = _trip_counts(hlo_text)
+        loops = _loops(sequence, callees, members, trips)
         if loops:
             order = _unroll(0, len(sequence), loops)
-            step_loops = _step_loops(op_text, _trip_counts(hlo_text))
+            step_loops = _step_loops(op_text, trips)
             points = np.asarray([i for i, _ in order], dtype=np.int64)
             stages = [_step_label(stages[i], op_text.get(sequence[i], ""), tags, step_loops,
                                   numbered_loops)
