@@ -26,7 +26,7 @@ RESULTS = ROOT / "benchmarks" / "results" / "graph_build.json"
 _CHILD = r"""
 import json, resource, sys, time
 t0 = time.perf_counter()
-from gclab.graphs import build_graphs
+from gclab.geometry import build_graphs
 import_s = time.perf_counter() - t0
 res, splits, cache_dir = float(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 t0 = time.perf_counter()

@@ -32,9 +32,9 @@ import jax
 
 from gclab import __version__
 from gclab.config import get_preset
-from gclab.footprint import StepSpec, make_live_step, train_step_memory
 from gclab.measure import format_bytes
-from gclab.techniques import RECIPES, get_recipe
+from gclab.memory import RECIPES, get_recipe
+from gclab.sizing import StepSpec, make_live_step, train_step_memory
 
 GIB = 2**30
 RESULTS = Path(__file__).parent / "results"

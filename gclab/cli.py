@@ -16,9 +16,21 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from typing import Optional, Sequence
+
+from gclab.config import resolve_model
+from gclab.geometry.graphs import build_graphs
+from gclab.measure.compiled import format_bytes
+from gclab.memory.config import RECIPES, REMAT_SPEC_HELP, get_recipe, parse_remat_spec
+from gclab.model.reference import load_fixture, run_checks
+from gclab.plots import plot_sweep, plot_timeline
+from gclab.sizing.planner import NothingFits, plan
+from gclab.sizing.step import StepSpec, train_step_memory, train_step_timeline
+from gclab.sizing.sweep import MEASURES, save_sweep, sweep
+from gclab.sizing.sweep import grid as sweep_grid
 
 
 class UsageError(ValueError):
@@ -40,35 +52,13 @@ def _add_model_args(p: argparse.ArgumentParser, *, network: bool = True) -> None
 
 def _resolve_model(args):
     """(ModelConfig, TaskConfig) from --preset or --resolution/--mesh-splits (+ overrides)."""
-    from gclab.config import ModelConfig, TaskConfig, get_preset
-
-    if args.preset is not None:
-        if args.resolution is not None or args.mesh_splits is not None:
-            raise UsageError("give either --preset or --resolution/--mesh-splits, not both")
-        preset = get_preset(args.preset)
-        model, task = preset.model, preset.task
-    else:
-        if args.resolution is None or args.mesh_splits is None:
-            raise UsageError("give --preset NAME, or both --resolution DEG and --mesh-splits N")
-        model = ModelConfig(resolution=args.resolution, mesh_splits=args.mesh_splits)
-        task = TaskConfig.from_levels(13)
-    changes = {}
-    if args.radius_fraction is not None:
-        changes["radius_query_fraction_edge_length"] = args.radius_fraction
-    if getattr(args, "latent", None) is not None:
-        changes["latent_size"] = args.latent
-    if getattr(args, "steps", None) is not None:
-        changes["processor_steps"] = args.steps
-    if changes:
-        model = model.replace(**changes)
-    if getattr(args, "levels", None) is not None:
-        task = TaskConfig.from_levels(args.levels, task.precipitation_input)
-    return model, task
+    return resolve_model(args.preset, resolution=args.resolution, mesh_splits=args.mesh_splits,
+                         radius_fraction=args.radius_fraction,
+                         latent=getattr(args, "latent", None), steps=getattr(args, "steps", None),
+                         levels=getattr(args, "levels", None))
 
 
 def _resolve_memory(args):
-    from gclab.techniques import get_recipe, parse_remat_spec
-
     mem = get_recipe(args.recipe, args.precision)
     changes = {}
     if args.remat is not None:
@@ -83,8 +73,6 @@ def _resolve_memory(args):
 
 
 def _add_memory_args(p: argparse.ArgumentParser) -> None:
-    from gclab.techniques import RECIPES, REMAT_SPEC_HELP
-
     g = p.add_argument_group("memory techniques")
     g.add_argument("--batch", type=int, default=1, help="batch size B (default 1)")
     g.add_argument("--rollout", type=int, default=1, help="autoregressive steps T (default 1)")
@@ -96,8 +84,6 @@ def _add_memory_args(p: argparse.ArgumentParser) -> None:
 
 
 def _spec(args):
-    from gclab.footprint import StepSpec
-
     model, task = _resolve_model(args)
     for name in ("batch", "rollout"):
         if getattr(args, name) < 1:
@@ -113,8 +99,6 @@ def _print_json(obj) -> None:
 
 
 def cmd_graph(args) -> int:
-    from gclab.graphs import build_graphs
-
     model, _ = _resolve_model(args)
     t0 = time.perf_counter()
     graphs = build_graphs(model.resolution, model.mesh_splits,
@@ -138,8 +122,6 @@ def cmd_graph(args) -> int:
 
 
 def cmd_reference(args) -> int:
-    from gclab.reference import load_fixture, run_checks
-
     if not args.tolerance > 0:
         raise UsageError(f"--tolerance must be > 0, got {args.tolerance}")
     status = 0
@@ -160,9 +142,6 @@ def cmd_reference(args) -> int:
 
 
 def cmd_memory(args) -> int:
-    from gclab.footprint import train_step_memory
-    from gclab.measure import format_bytes
-
     spec = _spec(args)
     result = train_step_memory(spec)
     record = {**result.to_dict(), **spec.describe()}
@@ -178,10 +157,6 @@ def cmd_memory(args) -> int:
 
 
 def cmd_timeline(args) -> int:
-    from gclab.footprint import train_step_timeline
-    from gclab.measure import format_bytes
-    from gclab.plots import plot_timeline
-
     timelines, labels = [], []
     for recipe in args.recipe.split(","):  # several recipes: overlaid in one picture
         args.recipe = recipe.strip()
@@ -199,14 +174,34 @@ def cmd_timeline(args) -> int:
 
 
 def cmd_sweep(args) -> int:
-    from gclab.sweep import run_sweep_cli
+    model, task = _resolve_model(args)
+    latents = _int_list(args.latents, "--latents") if args.latents else [model.latent_size]
+    steps = (_int_list(args.steps_list, "--steps-list") if args.steps_list
+             else [model.processor_steps])
+    recipes = [r.strip() for r in args.recipes.split(",") if r.strip()]
+    specs = sweep_grid(model, latents, steps, task, techniques=recipes,
+                       precision=args.precision, batch=args.batch, rollout=args.rollout)
+    df = sweep(specs, measure=args.measure, cache_path=os.environ.get("GCLAB_SWEEP_CACHE"))
+    save_sweep(df, args.out)
+    for _, r in df.iterrows():
+        print(f"{r['model.processor_steps']:>3} x {r['model.latent_size']:<5} "
+              f"{r['technique']:<10} total {format_bytes(r['total_bytes'])} "
+              f"temp {format_bytes(r['temp_bytes'])} {r['status']}")
+    print(f"wrote {args.out}")
+    if args.plot:
+        plot_sweep(df).savefig(args.plot, dpi=120, bbox_inches="tight")
+        print(f"wrote {args.plot}")
+    return 0 if (df["status"] == "ok").all() else 1
 
-    return run_sweep_cli(args)
+
+def _int_list(text: str, option: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",")]
+    except ValueError:
+        raise UsageError(f"{option} {text}: comma-separated integers") from None
 
 
 def cmd_plan(args) -> int:
-    from gclab.planner import NothingFits, plan
-
     model, task = _resolve_model(args)
     try:
         result = plan(args.budget, model, task, batch=args.batch, rollout=args.rollout,
@@ -259,7 +254,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--rollout", type=int, default=1)
     p.add_argument("--precision", default="f32")
-    p.add_argument("--measure", default="compiled", choices=("compiled", "measured", "both"))
+    p.add_argument("--measure", default="compiled", choices=MEASURES,
+                   help="compiled (no allocation), timed, measured (fresh process) or both")
     p.add_argument("--out", required=True, metavar="FILE.json")
     p.add_argument("--plot", metavar="FILE.png")
     p.set_defaults(func=cmd_sweep)

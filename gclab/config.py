@@ -5,7 +5,7 @@ One frozen dataclass per concern:
 * `ModelConfig`: geometry (grid resolution, mesh splits, radius query) and network
   (latent width, processor steps, hidden layers).
 * `TaskConfig`: what goes in and comes out of a grid node (pressure levels, inputs).
-* `MemoryConfig` lives in `gclab.techniques` (memory techniques are their own concern).
+* `MemoryConfig` lives in `gclab.memory` (memory techniques are their own concern).
 
 Every field is validated on construction; a bad value raises `ValueError` naming the
 field and what is allowed.
@@ -47,6 +47,8 @@ FORCING_VARIABLES = (
     "day_progress_cos",
 )
 STATIC_VARIABLES = ("geopotential_at_surface", "land_sea_mask")
+NUM_FORCINGS = len(FORCING_VARIABLES)
+NUM_STATICS = len(STATIC_VARIABLES)
 STRUCTURAL_NODE_FEATURES = 3  # sin(lat), cos(lon), sin(lon)
 STRUCTURAL_EDGE_FEATURES = 4  # |d|, d_x, d_y, d_z (receiver frame, normalised)
 INPUT_FRAMES = 2
@@ -190,12 +192,6 @@ class TaskConfig:
         return len(self.pressure_levels)
 
     @property
-    def input_variables(self) -> tuple:
-        surface = tuple(v for v in SURFACE_VARIABLES
-                        if self.precipitation_input or v != "total_precipitation_6hr")
-        return surface + ATMOSPHERIC_VARIABLES
-
-    @property
     def target_channel_names(self) -> tuple:
         """Names of the O output channels: surface variables then (variable, level)."""
         names = list(SURFACE_VARIABLES)
@@ -266,3 +262,44 @@ def get_preset(name: str) -> Preset:
     except KeyError:
         raise ValueError(
             f"unknown preset {name!r}; known presets: {', '.join(sorted(PRESETS))}") from None
+
+
+def resolve_model(preset: Optional[str] = None, *, resolution: Optional[float] = None,
+                  mesh_splits: Optional[int] = None, radius_fraction: Optional[float] = None,
+                  latent: Optional[int] = None, steps: Optional[int] = None,
+                  levels: Optional[int] = None) -> tuple[ModelConfig, TaskConfig]:
+    """A model and task from a preset name, or from a grid and mesh, with overrides.
+
+    Args:
+      preset: a name of `PRESETS`; or None, and then `resolution` and `mesh_splits`.
+      resolution, mesh_splits: the grid and mesh when no preset is given (13 levels).
+      radius_fraction, latent, steps: override `radius_query_fraction_edge_length`,
+        `latent_size`, `processor_steps`.
+      levels: 13 or 37 pressure levels (keeps the preset's precipitation input).
+
+    Raises:
+      ValueError: both or neither of a preset and a grid, or an invalid value (the
+        message names the option).
+    """
+    if preset is not None:
+        if resolution is not None or mesh_splits is not None:
+            raise ValueError("give either --preset or --resolution/--mesh-splits, not both")
+        chosen = get_preset(preset)
+        model, task = chosen.model, chosen.task
+    else:
+        if resolution is None or mesh_splits is None:
+            raise ValueError("give --preset NAME, or both --resolution DEG and --mesh-splits N")
+        model = ModelConfig(resolution=resolution, mesh_splits=mesh_splits)
+        task = TaskConfig.from_levels(13)
+    changes = {}
+    if radius_fraction is not None:
+        changes["radius_query_fraction_edge_length"] = radius_fraction
+    if latent is not None:
+        changes["latent_size"] = latent
+    if steps is not None:
+        changes["processor_steps"] = steps
+    if changes:
+        model = model.replace(**changes)
+    if levels is not None:
+        task = TaskConfig.from_levels(levels, task.precipitation_input)
+    return model, task

@@ -17,13 +17,10 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
-import math
 import os
 import platform
-import statistics
-import time
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Optional
 
 from gclab.config import ModelConfig
 
@@ -62,7 +59,7 @@ def hardware_report() -> HardwareReport:
     import jaxlib
 
     import gclab
-    from gclab.measure import format_bytes
+    from gclab.measure.compiled import format_bytes
 
     device = jax.devices()[0]
     device_memory = _device_memory(device)
@@ -161,59 +158,6 @@ def print_hardware() -> HardwareReport:
     report = hardware_report()
     print(report)
     return report
-
-
-def seconds_per_call(fn: Callable[[], object], repeats: int = 1) -> float:
-    """Median wall seconds of `fn()` over `repeats` calls, after one untimed warm-up call.
-
-    `fn` must block until its work is done (e.g. end in `jax.block_until_ready`).
-    """
-    fn()
-    times = []
-    for _ in range(max(1, repeats)):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return float(statistics.median(times))
-
-
-def op_by_op_bytes(fn: Callable, *args) -> dict:
-    """Bytes an op-by-op (un-fused, un-jitted) execution of `fn` would allocate.
-
-    Traces `fn` to a jaxpr (nothing runs) and walks its top-level equations in order, as
-    eager execution does: every equation materialises its outputs, and a value is freed
-    after its last use (outputs of `fn` stay to the end; arguments are not counted).
-
-    Returns:
-      ``{'ops': equations, 'output_bytes': sum of all equation outputs,
-      'peak_live_bytes': most intermediate bytes alive at once}``.
-    """
-    import jax
-    from jax.extend.core import Var
-
-    jaxpr = jax.make_jaxpr(fn)(*args).jaxpr
-
-    def nbytes(v) -> int:
-        aval = v.aval
-        return int(math.prod(aval.shape)) * aval.dtype.itemsize if hasattr(aval, "shape") else 0
-
-    last_use = {}
-    for i, eqn in enumerate(jaxpr.eqns):
-        for v in eqn.invars:
-            if isinstance(v, Var):
-                last_use[v] = i
-    for v in jaxpr.outvars:
-        if isinstance(v, Var):
-            last_use[v] = len(jaxpr.eqns)
-    live, total, peak = {}, 0, 0
-    for i, eqn in enumerate(jaxpr.eqns):
-        for v in eqn.outvars:
-            live[v] = nbytes(v)
-            total += live[v]
-        peak = max(peak, sum(live.values()))
-        for v in [v for v in live if last_use.get(v, -1) <= i]:
-            del live[v]
-    return {"ops": len(jaxpr.eqns), "output_bytes": total, "peak_live_bytes": peak}
 
 
 def choose_scale() -> Scale:

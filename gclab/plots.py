@@ -19,7 +19,9 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, MaxNLocator
 
-from gclab.measure import format_bytes
+from gclab.measure.compiled import format_bytes
+from gclab.measure.residuals import ARGUMENTS_GROUP
+from gclab.measure.timeline import BACKWARD_PREFIX
 
 __all__ = [
     "CARD_GB",
@@ -61,7 +63,7 @@ STAGE_COLORS: dict[str, str] = {
     "other": "#8c564b",
 }
 
-#: Memory of common accelerator cards, in GB (10^9 bytes, as `gclab.planner.CARDS` counts).
+#: Memory of common accelerator cards, in GB (10^9 bytes, as `gclab.sizing.planner.CARDS` counts).
 CARD_GB: tuple[int, ...] = (16, 24, 40, 80)
 
 _STEP_RE = re.compile(r" step (\d+)$")
@@ -82,8 +84,8 @@ def stage_color(stage: str) -> str:
     'processor step i' shares the processor colour; unknown labels get a stable
     colour from a small extra palette.
     """
-    backward = stage.startswith("backward: ")
-    base = stage[len("backward: "):] if backward else stage
+    backward = stage.startswith(BACKWARD_PREFIX)
+    base = stage[len(BACKWARD_PREFIX):] if backward else stage
     if base.startswith("processor"):
         base = "processor"
     if base in STAGE_COLORS:
@@ -136,7 +138,7 @@ def plot_timeline(
     title: str = "Bytes live over the compiled schedule",
     show_temp: bool = True,
 ) -> Figure:
-    """Memory timeline(s) from `gclab.timeline.memory_timeline`.
+    """Memory timeline(s) from `gclab.measure.timeline.memory_timeline`.
 
     One timeline is drawn filled and coloured by stage (the forward pass rises, the
     backward pass falls), with a dashed line at its `temp_bytes`; the iterations of
@@ -216,7 +218,7 @@ def plot_residuals(
     """Horizontal bars of residual bytes per module.
 
     Args:
-      df: `gclab.residuals.saved_residuals_df` output (or any frame with ``module``
+      df: `gclab.measure.residuals.saved_residuals_df` output (or any frame with ``module``
         and ``bytes`` columns).
       title: axes title.
       include_arguments: keep the 'inputs/params' group.
@@ -224,7 +226,7 @@ def plot_residuals(
     Returns:
       The figure, one bar per module.
     """
-    data = df if include_arguments else df[df["module"] != "inputs/params"]
+    data = df if include_arguments else df[df["module"] != ARGUMENTS_GROUP]
     grouped = data.groupby("module", sort=False)["bytes"].sum().sort_values()
     with style():
         fig, ax = plt.subplots(figsize=(8.0, 0.5 + 0.4 * max(len(grouped), 1)))
@@ -249,7 +251,7 @@ def _module_stage(module: str) -> str:
         return "decoder"
     if "mesh_gnn" in module or "processor" in module:
         return "processor"
-    if module == "inputs/params":
+    if module == ARGUMENTS_GROUP:
         return "inputs"
     return "other"
 
@@ -287,6 +289,33 @@ def plot_tradeoff(
         bytes_axis(ax.yaxis)
         ax.set_ylim(0, 1.15 * float(np.nanmax(df[y])))
         ax.set_xlim(0, 1.15 * float(np.nanmax(df[x])))
+        ax.set_title(title)
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))
+        fig.tight_layout()
+    return fig
+
+
+def plot_sweep(df: pd.DataFrame, *, y: str = "total_bytes",
+               title: str = "Compiled memory per technique") -> Figure:
+    """Bytes against latent x steps, one line per technique (a `gclab.sizing.sweep` frame).
+
+    Args:
+      df: rows of `sweep` with `model.latent_size`, `model.processor_steps`, `technique`
+        and the bytes column `y`.
+      y: bytes column.
+      title: axes title.
+
+    Returns:
+      The figure, one line per technique.
+    """
+    with style():
+        fig, ax = plt.subplots()
+        for label, part in df.groupby("technique", sort=False):
+            size = part["model.latent_size"] * part["model.processor_steps"]
+            ax.plot(size, part[y], "o-", label=str(label))
+        ax.set_xlabel("latent x steps")
+        ax.set_ylabel(y.replace("_", " "))
+        bytes_axis(ax.yaxis)
         ax.set_title(title)
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0))
         fig.tight_layout()

@@ -11,9 +11,7 @@ from gclab.notebook import (
     Scale,
     choose_scale,
     hardware_report,
-    op_by_op_bytes,
     recorded,
-    seconds_per_call,
 )
 
 
@@ -78,23 +76,3 @@ def test_scales_grow_from_cpu_to_big():
     assert (gpu.compiled.resolution, gpu.compiled.latent_size) == (1.0, 512)
     for scale in (cpu, gpu, big):
         assert list(scale.geometries) == sorted(scale.geometries, reverse=True)
-
-
-def test_seconds_per_call_warms_up_then_times():
-    calls = []
-    seconds = seconds_per_call(lambda: calls.append(1), repeats=3)
-    assert len(calls) == 4 and seconds >= 0.0
-
-
-def test_op_by_op_bytes_counts_outputs_and_frees_after_last_use():
-    import jax.numpy as jnp
-
-    def f(x):  # three [256] float32 intermediates; a is dead once b exists
-        a = x * 2.0
-        b = a + 1.0
-        return jnp.sin(b)
-
-    counts = op_by_op_bytes(f, jnp.ones(256, jnp.float32))
-    assert counts["ops"] == 3
-    assert counts["output_bytes"] == 3 * 256 * 4
-    assert counts["peak_live_bytes"] == 2 * 256 * 4

@@ -36,3 +36,12 @@ def test_every_picture_the_readme_shows_exists():
     assert pictures
     for path in pictures:
         assert (ROOT / path).is_file(), path
+
+
+def test_layout_table_names_every_subpackage():
+    readme = (ROOT / "README.md").read_text()
+    layout = readme[readme.index("## Layout"):]
+    packages = sorted(p.parent.name for p in (ROOT / "gclab").glob("*/__init__.py"))
+    assert packages == ["geometry", "measure", "memory", "model", "sizing", "training"]
+    for name in packages:
+        assert f"`gclab/{name}/`" in layout, name

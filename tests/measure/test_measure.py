@@ -1,0 +1,474 @@
+"""Tests of the memory instruments: measure, timeline, residuals, hostmem, plots."""
+
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import haiku as hk  # noqa: E402
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+import pytest  # noqa: E402
+from jax._src.ad_checkpoint import saved_residuals  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+from gclab import plots  # noqa: E402
+from gclab.measure import (  # noqa: E402
+    CompiledMemory,
+    Timeline,
+    compile_fn,
+    compiled_memory,
+    format_bytes,
+    label_op,
+    measure_peak,
+    memory_timeline,
+    saved_residuals_df,
+    summarize_residuals,
+    track_host_memory,
+)
+from gclab.memory import MemoryConfig  # noqa: E402
+
+#: Stated margin: the timeline peak lies in [(1 - MARGIN) * temp_bytes, temp_bytes].
+TIMELINE_MARGIN = 0.05
+S = jax.ShapeDtypeStruct
+MiB = 2**20
+
+
+def _toy(remat: bool, steps: int = 6, n: int = 512, d: int = 128):
+    """Encoder / scanned processor / decoder toy with named scopes; grad and shapes."""
+
+    def loss(params, x):
+        we, wp, wd = params
+        with jax.named_scope("encoder"):
+            h = jnp.tanh(x @ we)
+
+        def body(c, w):
+            with jax.named_scope("processor"):
+                c = c + jnp.tanh(c @ w) * jnp.sin(c)
+            return c, None
+
+        h, _ = jax.lax.scan(jax.checkpoint(body) if remat else body, h, wp)
+        with jax.named_scope("decoder"):
+            y = jnp.tanh(h @ wd)
+        return jnp.mean(y**2)
+
+    params = (S((d, d), jnp.float32), S((steps, d, d), jnp.float32), S((d, d), jnp.float32))
+    return loss, params, S((n, d), jnp.float32)
+
+
+# ----------------------------------------------------------------------------- measure
+
+
+def test_format_bytes():
+    assert format_bytes(512) == "512 B"
+    assert format_bytes(1536) == "1.50 KiB"
+    assert format_bytes(3 * 2**30) == "3.00 GiB"
+    assert format_bytes(None) == "n/a"
+
+
+def test_compiled_memory_from_shapes_equals_from_arrays():
+    loss, params, x = _toy(remat=False)
+    grad = jax.grad(loss)
+    from_shapes = compiled_memory(grad, params, x)
+    arrays = jax.tree_util.tree_map(lambda s: jnp.zeros(s.shape, s.dtype), (params, x))
+    from_arrays = compiled_memory(grad, *arrays)
+    assert isinstance(from_shapes, CompiledMemory)
+    keys = ("argument_bytes", "output_bytes", "temp_bytes", "alias_bytes", "total_bytes")
+    assert {k: from_shapes.to_dict()[k] for k in keys} == {
+        k: from_arrays.to_dict()[k] for k in keys
+    }
+    args = sum(np.prod(s.shape) * 4 for s in (*params, x))
+    assert from_shapes.argument_bytes == args
+    grads = sum(np.prod(s.shape) * 4 for s in params)
+    # Plus XLA's small index table of the output tuple.
+    assert grads <= from_shapes.output_bytes <= grads + 256
+    assert from_shapes.total_bytes == (
+        from_shapes.argument_bytes + from_shapes.output_bytes + from_shapes.temp_bytes
+        - from_shapes.alias_bytes
+    )
+    assert from_shapes.temp_bytes > 0 and from_shapes.backend == "cpu"
+    assert compile_fn(grad, params, x).memory_analysis().temp_size_in_bytes == (
+        from_shapes.temp_bytes
+    )
+
+
+def test_donation_shows_as_alias():
+    mem = compiled_memory(lambda a: a * 2.0, S((1024, 256), jnp.float32), donate_argnums=0)
+    assert mem.alias_bytes == 1024 * 256 * 4
+    assert mem.total_bytes == mem.argument_bytes + mem.output_bytes + mem.temp_bytes - (
+        mem.alias_bytes
+    )
+
+
+def test_remat_in_scan_lowers_temp():
+    plain = compiled_memory(jax.grad(_toy(False)[0]), *_toy(False)[1:])
+    remat = compiled_memory(jax.grad(_toy(True)[0]), *_toy(True)[1:])
+    assert remat.temp_bytes < 0.75 * plain.temp_bytes
+
+
+TARGET = "gclab.measure.targets:allocate"
+
+
+def test_measure_peak_ok_on_cpu():
+    nbytes = 64 * MiB
+    result = measure_peak(TARGET, {"nbytes": nbytes}, timeout=120)
+    assert result.status == "ok", result.message
+    assert result.backend == "cpu"
+    assert result.result == {"nbytes": nbytes, "checksum": 3.0}
+    # Input and output of the jitted op are alive together: ~2x, never wildly off.
+    assert 1.5 * nbytes <= result.peak_bytes <= 4 * nbytes
+    assert result.peak_rss_bytes >= result.peak_bytes
+    assert result.wall_seconds > 0
+
+
+def test_measure_peak_error_and_oom():
+    err = measure_peak("gclab.measure.targets:fail", {"message": "boom"}, timeout=120)
+    assert err.status == "error" and "boom" in err.message
+    oom = measure_peak("gclab.measure.targets:exhaust", {}, timeout=120)
+    assert oom.status == "oom" and "RESOURCE_EXHAUSTED" in oom.message
+    missing = measure_peak("gclab.measure.targets:no_such_function", {}, timeout=120)
+    assert missing.status == "error"
+
+
+def test_measure_peak_oom_by_budget():
+    nbytes = 32 * MiB
+    result = measure_peak(TARGET, {"nbytes": nbytes}, budget_bytes=nbytes, timeout=120)
+    assert result.status == "oom"
+    assert "budget" in result.message
+    assert result.peak_bytes > nbytes
+    roomy = measure_peak(TARGET, {"nbytes": nbytes}, budget_bytes=8 * nbytes, timeout=120)
+    assert roomy.status == "ok"
+
+
+# ---------------------------------------------------------------------------- timeline
+
+
+@pytest.mark.parametrize("remat", [False, True])
+def test_timeline_peak_matches_temp_bytes(remat):
+    loss, params, x = _toy(remat)
+    timeline = memory_timeline(jax.grad(loss), params, x)
+    temp = compiled_memory(jax.grad(loss), params, x).temp_bytes
+    assert isinstance(timeline, Timeline)
+    assert timeline.temp_bytes == temp
+    assert (1 - TIMELINE_MARGIN) * temp <= timeline.peak_bytes <= temp
+    assert timeline.peak_bytes == timeline.live_bytes.max()
+    assert len(timeline.stage) == len(timeline.instruction) == len(timeline.live_bytes)
+    stages = set(timeline.stages())
+    for name in ("encoder", "processor", "decoder"):
+        assert name in stages
+    for name in ("processor", "encoder"):
+        assert "backward: " + name in stages
+    df = timeline.to_dataframe()
+    assert list(df.columns) == ["point", "instruction", "stage", "op_name", "live_bytes"]
+    assert df["live_bytes"].max() == timeline.peak_bytes
+    # The forward rises to the peak, the backward falls from it.
+    assert timeline.live_bytes[-1] < timeline.peak_bytes
+    first_backward = min(
+        i for i, s in enumerate(timeline.stage) if str(s).startswith("backward: ")
+    )
+    assert timeline.peak_index >= first_backward - 5
+
+
+def test_timeline_sees_remat_saving():
+    plain = memory_timeline(jax.grad(_toy(False)[0]), *_toy(False)[1:])
+    remat = memory_timeline(jax.grad(_toy(True)[0]), *_toy(True)[1:])
+    assert remat.peak_bytes < 0.75 * plain.peak_bytes
+
+
+def _step_order(stages, prefix):
+    """Steps labelled `prefix + i`, ordered by the median position of their points (XLA
+    may schedule a few independent ops of a step, e.g. slicing its weights, early)."""
+    points: dict[int, list[int]] = {}
+    for i, s in enumerate(stages):
+        if s.startswith(prefix) and s[len(prefix):].isdigit():
+            points.setdefault(int(s[len(prefix):]), []).append(i)
+    return sorted(points, key=lambda k: np.median(points[k]))
+
+
+@pytest.mark.parametrize(
+    "memory",
+    [MemoryConfig(), MemoryConfig(processor_remat="every", remat_group_size=2,
+                                  checkpoint_encoder=True),
+     MemoryConfig(processor_remat="nested", remat_group_size=2, processor_edge_blocks=True,
+                  edge_block_size=2000)],
+    ids=["none", "every-2", "nested-2-blocks"],
+)
+def test_timeline_attributes_processor_steps(memory, tmp_path):
+    """Unrolled, the gclab training step's timeline names every processor step, forward in
+    order and backward in reverse, with the peak of XLA's (rolled) schedule."""
+    import dataclasses
+
+    from gclab.config import PRESETS
+    from gclab.measure import timeline_from_dump
+    from gclab.sizing import StepSpec, train_step_abstract
+
+    preset = PRESETS["cpu-4x32"]
+    steps = 5  # groups of two and a remainder of one under "every"/"nested"
+    model = dataclasses.replace(preset.model, processor_steps=steps, latent_size=16)
+    step, args = train_step_abstract(StepSpec(model, preset.task, memory))
+    unrolled = memory_timeline(step, *args, keep_dump=str(tmp_path))
+    rolled = timeline_from_dump(str(tmp_path), unroll_loops=False,
+                                temp_bytes=unrolled.temp_bytes)
+    assert unrolled.unrolled and not rolled.unrolled
+    assert len(unrolled) > len(rolled)
+    assert unrolled.peak_bytes == rolled.peak_bytes
+    assert unrolled.peak_bytes <= unrolled.temp_bytes  # the margin: tests above
+    assert _step_order(unrolled.stage, "processor step ") == list(range(steps))
+    # The backward runs the steps in reverse.
+    backward = _step_order(unrolled.stage, "backward: processor step ")
+    assert backward == list(range(steps))[::-1]
+    assert not any("step" in s for s in rolled.stages())
+    # Every iteration repeats the bytes XLA planned for its loop body.
+    df = unrolled.to_dataframe()
+    per_step = df[df.stage.str.fullmatch(r"processor step \d")].groupby("stage").live_bytes
+    if memory.processor_remat == "none":
+        assert per_step.max().nunique() == 1
+
+
+def test_label_op_rules():
+    assert label_op("jvp(grid2mesh_gnn)/dot_general") == "encoder"
+    assert label_op("transpose(jvp(mesh_gnn))/while/body/mul") == "backward: processor"
+    assert label_op("jvp(mesh2grid_gnn/~/linear)/add") == "decoder"
+    assert label_op("jvp(processor_step_3)/add") == "processor step 3"
+    assert label_op("jvp()/broadcast_in_dim") is None
+    assert label_op("jvp(foo)/x", [("foo", "custom")]) == "custom"
+
+
+# --------------------------------------------------------------------------- residuals
+
+
+class _Block(hk.Module):
+    def __call__(self, x):
+        return jax.nn.relu(hk.Linear(32)(x))
+
+
+class _Processor(hk.Module):
+    def __call__(self, x):
+        return hk.layer_stack(3)(lambda h: h + jnp.tanh(hk.Linear(32)(h)))(x)
+
+
+def _haiku_loss():
+    def net(x):
+        x = _Block(name="grid2mesh_gnn")(x)
+        x = _Processor(name="mesh_gnn")(x)
+        x = _Block(name="mesh2grid_gnn")(x)
+        return jnp.mean(x**2)
+
+    model = hk.transform(net)
+    x = jnp.ones((64, 16))
+    params = model.init(jax.random.PRNGKey(0), x)
+    return (lambda p, xx: model.apply(p, None, xx)), params, x
+
+
+def test_residuals_grouped_by_module():
+    loss, params, x = _haiku_loss()
+    df = saved_residuals_df(loss, params, x)
+    assert list(df.columns[:5]) == ["module", "shape", "dtype", "bytes", "description"]
+    expected = sum(
+        int(np.prod(aval.shape)) * aval.dtype.itemsize
+        for aval, _ in saved_residuals(loss, params, x)
+    )
+    assert df["bytes"].sum() == expected
+    modules = set(df["module"])
+    assert {"grid2mesh_gnn", "mesh_gnn", "mesh2grid_gnn", "inputs/params"} <= modules
+    # The scanned processor stacks its residuals over the 3 layers.
+    stacked = df[df["module"] == "mesh_gnn"]["shape"]
+    assert any(len(s) == 3 and s[0] == 3 for s in stacked)
+    summary = summarize_residuals(df)
+    assert summary["bytes"].sum() == expected
+    assert summary["bytes"].is_monotonic_decreasing
+    assert summary.loc[0, "module"] == "mesh_gnn"
+    no_args = summarize_residuals(df, include_arguments=False)
+    assert "inputs/params" not in set(no_args["module"])
+
+
+def test_residuals_shrink_with_remat():
+    loss, params, x = _toy(remat=False, n=64, d=32)
+    loss_r, _, _ = _toy(remat=True, n=64, d=32)
+    plain = saved_residuals_df(loss, params, x)
+    remat = saved_residuals_df(loss_r, params, x)
+    assert remat["bytes"].sum() < plain["bytes"].sum()
+
+
+# ---------------------------------------------------------------------------- hostmem
+
+
+def test_hostmem_peak_covers_numpy_array():
+    nbytes = 40 * MiB
+    with track_host_memory() as host:
+        array = np.ones(nbytes // 8)
+        array += 1
+        del array
+    assert host.peak_bytes >= nbytes
+    assert host.peak_bytes < 3 * nbytes
+    assert list(host.snapshots.columns) == ["time_s", "heap_bytes", "rss_bytes"]
+    assert len(host.snapshots) >= 1
+    top = host.top_allocations(3)
+    assert top["bytes"].iloc[0] <= host.peak_bytes
+
+
+# ------------------------------------------------------------------------------ plots
+
+
+def _save(fig: Figure, tmp_path, name: str) -> None:
+    path = tmp_path / f"{name}.png"
+    fig.savefig(path)
+    assert path.stat().st_size > 1000
+
+
+def test_plot_timeline(tmp_path):
+    loss, params, x = _toy(remat=False, n=64, d=32)
+    plain = memory_timeline(jax.grad(loss), params, x, name="plain")
+    remat = memory_timeline(jax.grad(_toy(True, n=64, d=32)[0]), params, x, name="remat")
+    fig = plots.plot_timeline(plain)
+    ax = fig.axes[0]
+    runs = sum(
+        1 for i in range(len(plain.stage)) if i == 0 or plain.stage[i] != plain.stage[i - 1]
+    )
+    assert len(ax.collections) == runs
+    assert len(ax.lines) == 2  # the timeline and its temp_bytes line
+    assert "MiB" in ax.yaxis.get_major_formatter()(2 * MiB, 0)
+    _save(fig, tmp_path, "timeline")
+    both = plots.plot_timeline([plain, remat], labels=["before", "after"])
+    assert len(both.axes[0].lines) == 4
+    texts = [t.get_text() for t in both.axes[0].get_legend().get_texts()]
+    assert any(t.startswith("before") for t in texts) and any(t.startswith("after") for t in texts)
+    _save(both, tmp_path, "timeline2")
+
+
+def test_plot_residuals(tmp_path):
+    df = pd.DataFrame(
+        {"module": ["a", "b", "a", "inputs/params"], "bytes": [10, 20, 30, 5]}
+    )
+    fig = plots.plot_residuals(df)
+    assert len(fig.axes[0].patches) == 3
+    assert len(plots.plot_residuals(df, include_arguments=False).axes[0].patches) == 2
+    _save(fig, tmp_path, "residuals")
+
+
+def test_plot_tradeoff(tmp_path):
+    df = pd.DataFrame(
+        {
+            "recipe": ["none", "remat", "remat", "bf16"],
+            "step_seconds": [1.0, 1.3, 1.4, 0.8],
+            "peak_bytes": [4 * 2**30, 2 * 2**30, 2.1 * 2**30, 3 * 2**30],
+        }
+    )
+    fig = plots.plot_tradeoff(df)
+    assert len(fig.axes[0].collections) == 3
+    _save(fig, tmp_path, "tradeoff")
+
+
+def test_plot_heatmap_marks_oom(tmp_path):
+    rows = []
+    for latent in (128, 256, 512):
+        for steps in (4, 8):
+            rows.append(
+                {
+                    "latent_size": latent,
+                    "processor_steps": steps,
+                    "temp_bytes": latent * steps * MiB,
+                    "status": "oom" if (latent, steps) == (128, 4) else "ok",
+                }
+            )
+    df = pd.DataFrame(rows)
+    fig = plots.plot_heatmap(df, budget_bytes=2048 * MiB)
+    texts = [t.get_text() for t in fig.axes[0].texts]
+    assert len(texts) == 6
+    # (128, 4) by status; (512, 8) = 4096 MiB over budget; the others fit.
+    assert sum(t.startswith("OOM") for t in texts) == 2
+    assert len(fig.axes) == 2  # the heatmap and its colour bar
+    _save(fig, tmp_path, "heatmap")
+    # Nothing fits: every cell is marked, and there is no colour scale to read.
+    none_fit = plots.plot_heatmap(df, budget_bytes=1 * MiB)
+    assert all(t.get_text().startswith("OOM") for t in none_fit.axes[0].texts)
+    assert len(none_fit.axes) == 1
+
+
+def test_bytes_axis_ticks_are_round_binary_numbers():
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    ax.plot([0, 1], [0, 470 * MiB])
+    plots.bytes_axis(ax.yaxis)
+    fig.canvas.draw()
+    ticks = [t for t in ax.get_yticks() if 0 <= t <= 470 * MiB]
+    assert len(ticks) >= 3
+    assert all(t % (50 * MiB) == 0 for t in ticks), [t / MiB for t in ticks]
+    labels = [t.get_text() for t in ax.get_yticklabels() if t.get_text()]
+    assert "100 MiB" in labels or "200 MiB" in labels, labels
+    plt.close(fig)
+
+
+def test_plot_fit_chart(tmp_path):
+    df = pd.DataFrame(
+        {"config": ["small", "medium", "large"], "total_bytes": [8e9, 30e9, 120e9]}
+    )
+    fig = plots.plot_fit_chart(df, cards=(16, 24, 40, 80))
+    ax = fig.axes[0]
+    assert len(ax.lines) == 4
+    # Cards in GB of 10^9 bytes, as the planner counts them.
+    assert sorted(line.get_ydata()[0] for line in ax.lines) == [
+        g * 1e9 for g in (16, 24, 40, 80)
+    ]
+    assert len(ax.patches) == 3
+    red = matplotlib.colors.to_rgba("#d62728")
+    assert ax.patches[2].get_facecolor() == red  # 120 GB fits no card
+    assert ax.patches[0].get_facecolor() != red
+    _save(fig, tmp_path, "fit")
+
+
+def test_stage_colors_fixed():
+    assert plots.stage_color("encoder") == plots.STAGE_COLORS["encoder"]
+    assert plots.stage_color("processor step 2") == plots.STAGE_COLORS["processor"]
+    assert plots.stage_color("backward: encoder") != plots.stage_color("encoder")
+
+
+def test_one_compile_gives_memory_timeline_and_a_runnable_step():
+    """`compile_train_step` compiles once for real arrays: its memory equals the figure from
+    shapes alone, its timeline agrees with it, and the step runs (and trains)."""
+    import dataclasses
+
+    from gclab.config import PRESETS
+    from gclab.sizing import StepSpec, compile_train_step, train_step_memory
+
+    preset = PRESETS["cpu-4x32"]
+    model = dataclasses.replace(preset.model, latent_size=16, processor_steps=2)
+    spec = StepSpec(model, preset.task, MemoryConfig(processor_remat="step"))
+    step = compile_train_step(spec, timeline=True, live=True)
+    assert step.memory.temp_bytes == train_step_memory(spec).temp_bytes
+    assert step.timeline.temp_bytes == step.memory.temp_bytes
+    assert step.timeline.peak_bytes <= step.memory.temp_bytes
+    assert any(s.startswith("processor step") for s in step.timeline.stages())
+    step.run()
+    step.run()
+    plain = compile_train_step(spec)
+    assert plain.timeline is None and plain.run is None
+
+
+@pytest.mark.parametrize("recipe", ["none", "deepmind", "lean"])
+def test_plan_only_compile_keeps_the_memory_plan(recipe):
+    """Compiles that are only read skip LLVM's optimisation (faster); XLA's buffer
+    assignment comes before it, so every memory figure is unchanged."""
+    import dataclasses
+
+    from gclab.config import PRESETS
+    from gclab.memory import get_recipe
+    from gclab.sizing import StepSpec, plan_only_options, train_step_abstract
+
+    preset = PRESETS["cpu-4x32"]
+    model = dataclasses.replace(preset.model, latent_size=16, processor_steps=3)
+    memory = get_recipe(recipe)
+    if memory.edge_block_size is not None:
+        memory = memory.replace(edge_block_size=500)
+    step, args = train_step_abstract(StepSpec(model, preset.task, memory))
+    options = plan_only_options()
+    assert options == {"xla_backend_optimization_level": 0}  # on the CPU backend
+    default = compile_fn(step, *args).memory_analysis()
+    plan = compile_fn(step, *args, compiler_options=options).memory_analysis()
+    for field in ("temp_size_in_bytes", "argument_size_in_bytes", "output_size_in_bytes",
+                  "alias_size_in_bytes"):
+        assert getattr(plan, field) == getattr(default, field), field

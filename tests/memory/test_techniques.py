@@ -1,0 +1,306 @@
+"""Memory techniques keep the model's function and lower compiled memory.
+
+Equivalence: outputs and gradients of every technique and recipe equal the baseline's
+(float32: max abs difference <= 1e-5 of the baseline's largest value, per parameter);
+bfloat16 within the tolerances stated below. Savings: XLA:CPU compiled temp bytes of one
+loss-and-gradient computation, at a small config, lower than the baseline's by the stated
+factor (deterministic: compiled from shapes, nothing is timed).
+"""
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from gclab.config import ModelConfig
+from gclab.geometry import build_graphs
+from gclab.measure import saved_residuals_df, summarize_residuals
+from gclab.memory import RECIPES, MemoryConfig, get_recipe, parse_remat_spec
+from gclab.model import graph_inputs, make_network
+
+C, O, B = 5, 4, 2
+CFG = ModelConfig(resolution=10.0, mesh_splits=2, latent_size=16, processor_steps=5)
+
+
+@pytest.fixture(scope="module")
+def setup():
+    graph = graph_inputs(build_graphs(CFG.resolution, CFG.mesh_splits))
+    inputs = jax.random.normal(jax.random.PRNGKey(1), (graph.grid_nodes.shape[0], B, C))
+    targets = jax.random.normal(jax.random.PRNGKey(2), (graph.grid_nodes.shape[0], B, O))
+    params = make_network(CFG, C, O).init(jax.random.PRNGKey(0), graph, inputs)
+    # Non-trivial biases and norms, so every parameter matters.
+    leaves, tree = jax.tree_util.tree_flatten(params)
+    keys = jax.random.split(jax.random.PRNGKey(3), len(leaves))
+    params = jax.tree_util.tree_unflatten(
+        tree, [p + 0.2 * jax.random.normal(k, p.shape) for p, k in zip(leaves, keys)])
+    return graph, inputs, targets, params
+
+
+def loss_and_grads(mem, setup):
+    graph, inputs, targets, params = setup
+    net = make_network(CFG, C, O, mem)
+
+    def loss(p):
+        return jnp.mean((net.apply(p, graph, inputs) - targets) ** 2)
+
+    return jax.jit(jax.value_and_grad(loss))(params)
+
+
+@pytest.fixture(scope="module")
+def baseline(setup):
+    return loss_and_grads(MemoryConfig(), setup)
+
+
+def max_rel_diff(grads, ref):
+    """Largest per-parameter max |g - g_ref| / max |g_ref| (parameters with any gradient)."""
+    worst = 0.0
+    for g, r in zip(jax.tree_util.tree_leaves(grads), jax.tree_util.tree_leaves(ref)):
+        scale = float(jnp.abs(r).max())
+        if scale > 0:
+            worst = max(worst, float(jnp.abs(g - r).max()) / scale)
+    return worst
+
+
+F32_TECHNIQUES = {
+    "remat step": MemoryConfig(processor_remat="step"),
+    "remat every 2": MemoryConfig(processor_remat="every", remat_group_size=2),
+    "remat every 3": MemoryConfig(processor_remat="every", remat_group_size=3),
+    "remat nested 2": MemoryConfig(processor_remat="nested", remat_group_size=2),
+    "remat ratio 0.4": MemoryConfig(processor_remat="ratio", remat_ratio=0.4),
+    "remat ratio 0": MemoryConfig(processor_remat="ratio", remat_ratio=0.0),
+    "policy dots": MemoryConfig(processor_remat="step", remat_policy="dots"),
+    "policy aggregated": MemoryConfig(processor_remat="step", remat_policy="aggregated"),
+    "policy node-latents": MemoryConfig(processor_remat="step", remat_policy="node-latents"),
+    "checkpoint encoder": MemoryConfig(checkpoint_encoder=True),
+    "checkpoint decoder": MemoryConfig(checkpoint_decoder=True),
+    "edge blocks 100": MemoryConfig(edge_block_size=100),
+    "edge blocks 333 + processor": MemoryConfig(edge_block_size=333, processor_edge_blocks=True),
+    "gather after matmul": MemoryConfig(gather_after_matmul=True),
+    "gather after matmul + blocks": MemoryConfig(gather_after_matmul=True, edge_block_size=257,
+                                                 processor_edge_blocks=True),
+    "float32 aggregation": MemoryConfig(float32_aggregation=True),
+    "stream grid nodes": MemoryConfig(edge_block_size=300, stream_grid_nodes=True),
+    "stream grid nodes + gather after matmul": MemoryConfig(
+        edge_block_size=211, stream_grid_nodes=True, gather_after_matmul=True),
+    **{f"recipe {name}": mem.replace(edge_block_size=300 if mem.edge_block_size else None)
+       for name, mem in RECIPES.items() if name != "none"},
+}
+
+
+@pytest.mark.parametrize("name", sorted(F32_TECHNIQUES))
+def test_float32_technique_keeps_loss_and_gradients(name, setup, baseline):
+    loss0, grads0 = baseline
+    loss, grads = loss_and_grads(F32_TECHNIQUES[name], setup)
+    assert abs(float(loss) - float(loss0)) <= 1e-5 * abs(float(loss0))
+    assert max_rel_diff(grads, grads0) <= 1e-5
+
+
+@pytest.mark.parametrize("block", [7, 64, 1000, 100_000])
+def test_results_do_not_depend_on_edge_block_size(block, setup, baseline):
+    mem = MemoryConfig(edge_block_size=block, processor_edge_blocks=True)
+    loss, grads = loss_and_grads(mem, setup)
+    assert max_rel_diff(grads, baseline[1]) <= 1e-5
+    assert abs(float(loss) - float(baseline[0])) <= 1e-5 * abs(float(baseline[0]))
+
+
+# bfloat16 tolerances (stated): relative L2 error of outputs <= 3e-2; of each parameter's
+# gradient (those with a non-negligible gradient) <= 1e-1; cosine of the whole gradient
+# with the float32 one >= 0.995.
+BF16_OUTPUT_TOL = 3e-2
+BF16_GRAD_TOL = 1e-1
+BF16_COSINE = 0.995
+
+
+@pytest.mark.parametrize("recipe", ["none", "lean"])
+def test_bfloat16_within_stated_tolerance(recipe, setup, baseline):
+    graph, inputs, _, params = setup
+    mem = get_recipe(recipe, "bf16")
+    if mem.edge_block_size:
+        mem = mem.replace(edge_block_size=300)
+    out32 = make_network(CFG, C, O).apply(params, graph, inputs)
+    out16 = make_network(CFG, C, O, mem).apply(params, graph, inputs)
+    assert out16.dtype == jnp.float32
+    rel = float(jnp.linalg.norm(out16 - out32) / jnp.linalg.norm(out32))
+    assert 0 < rel <= BF16_OUTPUT_TOL
+    _, grads = loss_and_grads(mem, setup)
+    for g in jax.tree_util.tree_leaves(grads):
+        assert g.dtype == jnp.float32  # float32 parameters give float32 gradients
+    g16 = jnp.concatenate([g.ravel() for g in jax.tree_util.tree_leaves(grads)])
+    g32 = jnp.concatenate([g.ravel() for g in jax.tree_util.tree_leaves(baseline[1])])
+    cosine = float(g16 @ g32 / (jnp.linalg.norm(g16) * jnp.linalg.norm(g32)))
+    assert cosine >= BF16_COSINE
+    big = [(a, b) for a, b in zip(jax.tree_util.tree_leaves(grads),
+                                  jax.tree_util.tree_leaves(baseline[1]))
+           if float(jnp.linalg.norm(b)) > 1e-3 * float(jnp.linalg.norm(g32))]
+    for a, b in big:
+        assert float(jnp.linalg.norm(a - b) / jnp.linalg.norm(b)) <= BF16_GRAD_TOL
+
+
+# ----------------------------------------------------------------------------------------
+# Savings: compiled temp bytes on XLA:CPU at a small config (6 deg / 3 splits, 8 x 128).
+
+MEM_CFG = ModelConfig(resolution=6.0, mesh_splits=3, latent_size=128, processor_steps=8)
+
+
+@pytest.fixture(scope="module")
+def abstract():
+    graph = graph_inputs(build_graphs(MEM_CFG.resolution, MEM_CFG.mesh_splits))
+    shapes = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), graph)
+    inputs = jax.ShapeDtypeStruct((graph.grid_nodes.shape[0], 1, C), jnp.float32)
+    return shapes, inputs
+
+
+def compiled_temp(mem, abstract, cfg=MEM_CFG):
+    graph, inputs = abstract
+    net = make_network(cfg, C, O, mem)
+    params = jax.eval_shape(net.init, jax.random.PRNGKey(0), graph, inputs)
+
+    def loss(p, g, x):
+        return jnp.mean(net.apply(p, g, x) ** 2)
+
+    compiled = jax.jit(jax.grad(loss)).lower(params, graph, inputs).compile()
+    return compiled.memory_analysis().temp_size_in_bytes
+
+
+@pytest.fixture(scope="module")
+def baseline_temp(abstract):
+    return compiled_temp(MemoryConfig(), abstract)
+
+
+# (technique, the largest allowed fraction of the baseline's temp bytes)
+SAVINGS = {
+    "remat step": (MemoryConfig(processor_remat="step"), 0.6),
+    "remat every 3": (MemoryConfig(processor_remat="every", remat_group_size=3), 0.75),
+    "remat nested 3": (MemoryConfig(processor_remat="nested", remat_group_size=3), 0.6),
+    "remat ratio 0.5": (MemoryConfig(processor_remat="ratio", remat_ratio=0.5), 0.85),
+    "policy dots": (MemoryConfig(processor_remat="step", remat_policy="dots"), 0.8),
+    "policy aggregated": (MemoryConfig(processor_remat="step", remat_policy="aggregated"), 0.6),
+    "edge blocks": (MemoryConfig(edge_block_size=1024), 0.95),
+    "edge blocks + processor": (MemoryConfig(edge_block_size=1024,
+                                             processor_edge_blocks=True), 0.5),
+    "gather after matmul": (MemoryConfig(gather_after_matmul=True), 0.97),
+    "stream grid nodes": (MemoryConfig(edge_block_size=1024, stream_grid_nodes=True), 0.85),
+    "recipe deepmind": (get_recipe("deepmind").replace(edge_block_size=1024), 0.7),
+    "recipe lean": (get_recipe("lean").replace(edge_block_size=1024), 0.35),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SAVINGS))
+def test_technique_lowers_compiled_temp(name, abstract, baseline_temp):
+    mem, factor = SAVINGS[name]
+    assert compiled_temp(mem, abstract) <= factor * baseline_temp
+
+
+def test_streaming_grid_nodes_lowers_temp_below_edge_blocks_alone():
+    """On a grid-dominated config (2 deg grid, 3 splits, 2 x 64), streaming grid nodes
+    removes the [Ng, B, L] arrays that edge blocks alone still keep."""
+    cfg = ModelConfig(resolution=2.0, mesh_splits=3, latent_size=64, processor_steps=2)
+    graph = graph_inputs(build_graphs(cfg.resolution, cfg.mesh_splits))
+    shapes = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), graph)
+    inputs = jax.ShapeDtypeStruct((graph.grid_nodes.shape[0], 1, C), jnp.float32)
+    blocks = compiled_temp(MemoryConfig(edge_block_size=1024), (shapes, inputs), cfg)
+    streamed = compiled_temp(MemoryConfig(edge_block_size=1024, stream_grid_nodes=True),
+                             (shapes, inputs), cfg)
+    assert streamed <= 0.6 * blocks
+
+
+def test_remat_ratio_is_monotone(abstract):
+    temps = [compiled_temp(MemoryConfig(processor_remat="ratio", remat_ratio=r), abstract)
+             for r in (0.0, 0.5, 1.0)]
+    assert temps[0] > temps[1] > temps[2]
+
+
+@pytest.mark.parametrize("stage,field", [("encoder", "checkpoint_encoder"),
+                                         ("decoder", "checkpoint_decoder")])
+def test_stage_checkpoint_drops_its_saved_residuals(stage, field, setup):
+    """A whole-stage checkpoint keeps none of the stage's intermediates for the backward
+    pass (JAX's saved residuals). On XLA:CPU the compiled temp of a single step barely
+    changes (the backward pass starts at the decoder, and the encoder's recomputation
+    coincides with the end of the backward pass); the saving shows in rollouts."""
+    graph, inputs, targets, params = setup
+
+    def residual_bytes(mem):
+        net = make_network(CFG, C, O, mem)
+        df = saved_residuals_df(
+            lambda p: jnp.mean((net.apply(p, graph, inputs) - targets) ** 2), params)
+        summary = summarize_residuals(df).set_index("module")["bytes"]
+        return int(summary.get(stage, 0))
+
+    before = residual_bytes(MemoryConfig())
+    after = residual_bytes(MemoryConfig(**{field: True}))
+    assert before > 0 and after == 0
+
+
+# ----------------------------------------------------------------------------------------
+# Config and spec errors.
+
+
+@pytest.mark.parametrize("spec,fields", [
+    ("none", dict(processor_remat="none")),
+    ("step", dict(processor_remat="step")),
+    ("every:3", dict(processor_remat="every", remat_group_size=3)),
+    ("nested:4", dict(processor_remat="nested", remat_group_size=4)),
+    ("ratio:0.25", dict(processor_remat="ratio", remat_ratio=0.25)),
+    ("step,policy=dots", dict(processor_remat="step", remat_policy="dots")),
+])
+def test_parse_remat_spec(spec, fields):
+    parsed = parse_remat_spec(spec)
+    assert {k: parsed[k] for k in fields} == fields
+    assert MemoryConfig(**parsed).remat_spec == spec
+
+
+@pytest.mark.parametrize("spec", ["", "every", "every:x", "ratio:1.5", "step:3", "stepp",
+                                  "step,policy=all", "every:0"])
+def test_malformed_remat_spec_lists_what_is_accepted(spec):
+    with pytest.raises(ValueError, match="every:K|policy|remat_group_size|remat_ratio"):
+        parse_remat_spec(spec)
+
+
+@pytest.mark.parametrize("field,value", [
+    ("processor_remat", "sometimes"), ("remat_group_size", 0), ("remat_ratio", 2.0),
+    ("remat_policy", "everything"), ("edge_block_size", 0), ("precision", "fp8"),
+    ("microbatches", 0), ("checkpoint_encoder", "yes"), ("stream_grid_nodes", 1),
+])
+def test_memory_config_errors_name_the_field(field, value):
+    with pytest.raises(ValueError, match=f"MemoryConfig.{field}="):
+        MemoryConfig(**{field: value})
+
+
+def test_block_switches_need_a_block_size():
+    with pytest.raises(ValueError, match="processor_edge_blocks"):
+        MemoryConfig(processor_edge_blocks=True)
+    with pytest.raises(ValueError, match="stream_grid_nodes"):
+        MemoryConfig(stream_grid_nodes=True)
+
+
+def test_unknown_recipe_lists_recipes():
+    with pytest.raises(ValueError, match="none, per-step, deepmind, lean"):
+        get_recipe("tiny")
+
+
+def test_checkpointed_steps_of_a_ratio():
+    assert MemoryConfig(processor_remat="ratio", remat_ratio=0.5).checkpointed_steps(16) == 8
+    assert MemoryConfig(processor_remat="ratio", remat_ratio=0.3).checkpointed_steps(16) == 5
+    assert MemoryConfig(processor_remat="ratio", remat_ratio=0.0).checkpointed_steps(16) == 0
+    assert MemoryConfig(processor_remat="step").checkpointed_steps(16) == 16
+    assert MemoryConfig().checkpointed_steps(16) == 0
+
+
+@pytest.mark.parametrize("fields,factor", [
+    (dict(checkpoint_encoder=True), 0.9),
+    (dict(checkpoint_decoder=True), 0.9),
+    (dict(checkpoint_encoder=True, checkpoint_decoder=True), 0.75),
+])
+def test_stage_checkpoints_lower_compiled_temp_of_a_rollout(fields, factor):
+    """In a 3-step rollout each step's encoder and decoder are no longer the first or last
+    thing the backward pass meets, and their checkpoints lower XLA:CPU's compiled temp."""
+    from gclab.config import TaskConfig
+    from gclab.sizing import StepSpec, train_step_memory
+
+    cfg = ModelConfig(resolution=6.0, mesh_splits=3, latent_size=64, processor_steps=4)
+    task = TaskConfig(pressure_levels=(500, 850))
+    base = MemoryConfig(processor_remat="step")
+
+    def temp(mem):
+        return train_step_memory(StepSpec(cfg, task, mem, rollout=3)).temp_bytes
+
+    assert temp(base.replace(**fields)) <= factor * temp(base)

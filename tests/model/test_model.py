@@ -1,0 +1,127 @@
+"""The network: parameter counts, the official tree, jit vs no-jit, configs and errors."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from gclab.config import PRESETS, ModelConfig, TaskConfig, get_preset
+from gclab.geometry import build_graphs
+from gclab.model import count_params, graph_inputs, make_network, param_shapes
+from gclab.model import official as params_lib
+
+# Official parameter counts (GRAPHCAST.md, "Parameter tree and counts").
+OFFICIAL_COUNTS = {
+    "graphcast": 36_348_131,
+    "graphcast-small": 35_979_347,
+    "graphcast-operational": 35_977_299,
+    "cpu-4x32": 70_739,
+}
+
+
+@pytest.mark.parametrize("name,count", sorted(OFFICIAL_COUNTS.items()))
+def test_parameter_counts_equal_official(name, count):
+    p = get_preset(name)
+    shapes = param_shapes(p.model, p.task.data_channels, p.task.output_channels)
+    assert count_params(shapes) == count
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_every_preset_has_a_parameter_tree_convertible_to_official(name):
+    p = get_preset(name)
+    shapes = param_shapes(p.model, p.task.data_channels, p.task.output_channels)
+    tree = jax.tree_util.tree_map(lambda s: np.zeros(s.shape, s.dtype), shapes)
+    official = params_lib.to_official(tree)
+    steps = p.model.processor_steps
+    # Official blocks: 6 (encoder) + 1 + 2 S (processor) + 5 (decoder), MLP and norm.
+    mlps = {k.split("_mlp/")[0] for k in official if "_mlp/" in k}
+    assert len(mlps) == 6 + 1 + 2 * steps + 5
+    last = f"mesh_gnn/~_networks_builder/processor_edges_{steps - 1}_mesh_mlp/~/linear_0"
+    assert last in official
+    back = params_lib.from_official(official)
+    assert jax.tree_util.tree_structure(back) == jax.tree_util.tree_structure(tree)
+
+
+def test_task_channel_widths():
+    assert TaskConfig.from_levels(37).input_channels == 474
+    assert TaskConfig.from_levels(37).output_channels == 227
+    assert TaskConfig.from_levels(13).input_channels == 186
+    assert TaskConfig.from_levels(13).output_channels == 83
+    assert TaskConfig.from_levels(13, precipitation_input=False).input_channels == 184
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    cfg = ModelConfig(resolution=10.0, mesh_splits=2, latent_size=16, processor_steps=3)
+    graph = graph_inputs(build_graphs(cfg.resolution, cfg.mesh_splits))
+    inputs = jax.random.normal(jax.random.PRNGKey(1), (graph.grid_nodes.shape[0], 2, 5))
+    net = make_network(cfg, 5, 4)
+    params = net.init(jax.random.PRNGKey(0), graph, inputs)
+    return cfg, graph, inputs, net, params
+
+
+def test_jit_and_no_jit_agree(tiny):
+    _, graph, inputs, net, params = tiny
+    jitted = jax.jit(net.apply)(params, graph, inputs)
+    with jax.disable_jit():
+        eager = net.apply(params, graph, inputs)
+    assert jitted.shape == (graph.grid_nodes.shape[0], 2, 4)
+    np.testing.assert_allclose(jitted, eager, atol=1e-5, rtol=1e-5)
+
+
+def test_batch_is_a_feature_axis(tiny):
+    """Each batch element is computed independently of the others."""
+    _, graph, inputs, net, params = tiny
+    both = net.apply(params, graph, inputs)
+    first = net.apply(params, graph, inputs[:, :1])
+    np.testing.assert_allclose(both[:, :1], first, atol=1e-5)
+
+
+def test_decoder_mesh_block_gets_zero_gradient_but_exists(tiny):
+    _, graph, inputs, net, params = tiny
+    grads = jax.grad(lambda p: jnp.sum(net.apply(p, graph, inputs) ** 2))(params)
+    dead = "mesh2grid_gnn/processor_nodes_0_mesh_nodes_mlp/~/linear_0"
+    assert dead in params
+    assert float(jnp.abs(grads[dead]["w"]).max()) == 0.0
+    live = "mesh2grid_gnn/processor_nodes_0_grid_nodes_mlp/~/linear_0"
+    assert float(jnp.abs(grads[live]["w"]).max()) > 0.0
+
+
+def test_bad_inputs_give_clear_errors(tiny):
+    _, graph, inputs, net, params = tiny
+    with pytest.raises(ValueError, match="inputs must have shape"):
+        net.apply(params, graph, inputs[..., :3])
+    with pytest.raises(ValueError, match="grid nodes"):
+        net.apply(params, graph, inputs[:10])
+    with pytest.raises(ValueError, match="data_channels"):
+        make_network(ModelConfig(), 0, 3)
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("resolution", 7.0, "180 / resolution"),
+    ("resolution", -1.0, "positive"),
+    ("resolution", "1", "positive"),
+    ("mesh_splits", 8, "0..7"),
+    ("mesh_splits", -1, "0..7"),
+    ("latent_size", 0, ">= 1"),
+    ("processor_steps", 0, ">= 1"),
+    ("hidden_layers", 0, ">= 1"),
+    ("radius_query_fraction_edge_length", 0.0, "> 0"),
+    ("radius_query_fraction_edge_length", -0.6, "> 0"),
+    ("mesh2grid_edge_normalization_factor", 0.0, "None or"),
+])
+def test_config_errors_name_the_field(field, value, message):
+    with pytest.raises(ValueError, match=f"ModelConfig.{field}=.*{message}"):
+        ModelConfig(**{field: value})
+
+
+def test_unknown_preset_lists_known_ones():
+    with pytest.raises(ValueError, match="known presets: .*graphcast-small"):
+        get_preset("graphcast-huge")
+
+
+def test_task_config_errors():
+    with pytest.raises(ValueError, match="13 or 37"):
+        TaskConfig.from_levels(12)
+    with pytest.raises(ValueError, match="pressure_levels"):
+        TaskConfig(pressure_levels=())

@@ -1,0 +1,181 @@
+"""Analytical memory model, sweeps and planner: checked against XLA:CPU's compiled figures."""
+
+from __future__ import annotations
+
+import pytest
+
+from gclab.config import PRESETS, ModelConfig, TaskConfig
+from gclab.memory import RECIPES
+from gclab.model import count_params, param_shapes
+from gclab.sizing import StepSpec, analytical, planner, sweep
+
+TASK = TaskConfig.from_levels(13)
+
+# (resolution, splits, latent, steps, batch, recipe): the three geometries of the brief,
+# latent 32..256, steps 2..8, batch 1..2, recipes none and per-step.
+CALIBRATION_GRID = [
+    (4.0, 3, 32, 2, 1, "none"),
+    (4.0, 3, 256, 8, 1, "per-step"),
+    (4.0, 3, 64, 6, 2, "per-step"),
+    (6.0, 3, 64, 8, 1, "none"),
+    (6.0, 3, 256, 2, 2, "per-step"),
+    (5.0, 2, 32, 8, 2, "per-step"),
+    (5.0, 2, 256, 4, 1, "none"),
+]
+
+
+@pytest.mark.parametrize("res,splits,latent,steps,batch,recipe", CALIBRATION_GRID)
+def test_analytical_temp_within_25_percent_of_compiled(res, splits, latent, steps, batch,
+                                                       recipe):
+    model = ModelConfig(resolution=res, mesh_splits=splits, latent_size=latent,
+                        processor_steps=steps)
+    mem = RECIPES[recipe]
+    compiled = analytical.compiled_loss_grad(model, TASK, mem, batch).temp_bytes
+    modelled = analytical.estimate(model, TASK, mem, batch=batch).loss_grad_temp_bytes
+    assert abs(modelled / compiled - 1) < 0.25, (modelled, compiled)
+
+
+def test_estimate_parts_add_up_and_remat_lowers_activations():
+    model = PRESETS["cpu-8x128"].model
+    e = analytical.estimate(model, TASK, RECIPES["none"])
+    p = e.num_params
+    assert (e.params_bytes, e.grads_bytes, e.optimizer_bytes) == (4 * p, 4 * p, 8 * p)
+    assert e.loss_grad_temp_bytes == sum(e.activation_bytes.values())
+    assert e.temp_bytes == e.loss_grad_temp_bytes + e.grads_bytes
+    assert set(e.to_dict()) >= {"temp_bytes", "total_bytes", "activation.processor"}
+    step = analytical.estimate(model, TASK, RECIPES["per-step"])
+    assert step.activation_bytes["processor"] < e.activation_bytes["processor"] / 5
+    assert step.activation_bytes["encoder"] == e.activation_bytes["encoder"]
+    assert e.recompute_fraction == 0 and 0 < step.recompute_fraction < 1
+    two = analytical.estimate(model, TASK, RECIPES["none"], batch=2)
+    assert two.activation_bytes["processor"] == 2 * e.activation_bytes["processor"]
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_param_count_matches_count_params(name):
+    preset = PRESETS[name]
+    task = preset.task
+    shapes = param_shapes(preset.model, task.data_channels, task.output_channels)
+    assert analytical.param_count(preset.model, task) == count_params(shapes)
+
+
+def test_param_count_published_figures():
+    assert analytical.param_count(PRESETS["graphcast"].model, PRESETS["graphcast"].task) \
+        == 36_348_131
+    assert analytical.param_count(ModelConfig(latent_size=32, processor_steps=4), TASK) \
+        == 70_739
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("16GiB", 16 * 2**30), ("12GB", 12 * 10**9), ("500MiB", 500 * 2**20), ("T4", 16 * 10**9),
+    ("h100", 80 * 10**9), ("A100-40GB", 40 * 10**9), (123456, 123456), ("2048", 2048),
+    ("1.5 GiB", int(1.5 * 2**30)),
+])
+def test_parse_budget(text, expected):
+    assert planner.parse_budget(text) == expected
+
+
+@pytest.mark.parametrize("bad", ["16 parsecs", "GiB", "-1GB", "", "T5", 0, True])
+def test_parse_budget_rejects_bad_values(bad):
+    with pytest.raises(ValueError, match="accepted"):
+        planner.parse_budget(bad)
+
+
+PLAN_MODEL = ModelConfig(resolution=4.0, mesh_splits=3, latent_size=64, processor_steps=4)
+
+
+def _compiled_total(recipe: str) -> int:
+    return planner._compiled_total(PLAN_MODEL, TASK, RECIPES[recipe], 1, 1)
+
+
+def test_planner_never_exceeds_budget_with_compiled_figures():
+    lean, none = _compiled_total("lean"), _compiled_total("none")
+    assert lean < none
+    labels = []
+    for frac in (0.15, 0.5, 0.85):
+        budget = int(lean + frac * (none - lean))
+        p = planner.plan(budget, PLAN_MODEL, TASK, use_compiled=True, headroom=1.0)
+        assert p.source == "compiled"
+        again = planner._compiled_total(PLAN_MODEL, TASK, p.memory, 1, 1)
+        assert again == p.predicted_peak_bytes <= budget
+        assert p.memory != RECIPES["none"]
+        assert not p.candidates.empty and p.label in set(p.candidates["label"])
+        assert "Chosen" in p.explain()
+        labels.append((p.recompute_fraction, p.label))
+    # A larger budget never needs more recomputation.
+    assert labels[0][0] >= labels[1][0] >= labels[2][0]
+
+
+def test_planner_picks_none_when_generous_and_raises_when_tiny():
+    none = _compiled_total("none")
+    p = planner.plan(2 * none, PLAN_MODEL, TASK, use_compiled=True)
+    assert p.memory == RECIPES["none"] and p.recompute_fraction == 0
+    with pytest.raises(planner.NothingFits, match="smallest requirement"):
+        planner.plan("1MiB", PLAN_MODEL, TASK, use_compiled=True)
+
+
+def test_planner_analytical_presets_use_remat_on_small_cards():
+    small = PRESETS["graphcast-small"]
+    t4 = planner.plan("T4", small.model, small.task, use_compiled=False)
+    h100 = planner.plan("H100", small.model, small.task, use_compiled=False)
+    assert t4.source == "modelled" and t4.predicted_peak_bytes <= t4.usable_bytes
+    assert t4.recompute_fraction > h100.recompute_fraction
+    assert t4.milp["status"] == "optimal"
+    with pytest.raises(planner.NothingFits):
+        planner.plan("L4", PRESETS["graphcast"].model, PRESETS["graphcast"].task,
+                     use_compiled=False)
+
+
+TINY = ModelConfig(resolution=6.0, mesh_splits=2, latent_size=16, processor_steps=2)
+
+
+def test_sweep_columns_and_cache(tmp_path, monkeypatch):
+    specs = sweep.grid(TINY, [16], [1, 2], TASK, techniques=["none", "per-step"])
+    assert [(s.model.processor_steps, s.technique()) for s in specs] == [
+        (1, "none"), (1, "per-step"), (2, "none"), (2, "per-step")]
+    calls = []
+    real = sweep.train_step_memory
+
+    def counting(spec):
+        calls.append(spec)
+        return real(spec)
+
+    monkeypatch.setattr(sweep, "train_step_memory", counting)
+    df = sweep.sweep(specs, cache_path=tmp_path, progress=False)
+    assert len(calls) == 4 and len(df) == 4
+    for col in ("model.latent_size", "model.processor_steps", "memory.processor_remat",
+                "batch", "rollout", "technique", "num_params", "argument_bytes",
+                "output_bytes", "temp_bytes", "total_bytes", "compile_seconds",
+                "step_seconds", "peak_bytes", "status", "jax", "gclab"):
+        assert col in df.columns, col
+    assert (df["status"] == "ok").all() and (df["temp_bytes"] > 0).all()
+    assert not df["cached"].any()
+    again = sweep.sweep(specs, cache_path=tmp_path, progress=False)
+    assert len(calls) == 4  # everything read from the cache
+    assert again["cached"].all()
+    assert list(again["temp_bytes"]) == list(df["temp_bytes"])
+    path = sweep.save_sweep(df, tmp_path / "out.json")
+    assert len(sweep.load_sweep(path)) == 4
+    # A damaged cache file is recomputed, and the row written again.
+    damaged = sorted(tmp_path.glob("*.json"))[0]
+    damaged.write_text('["not", "a", "row"]')
+    third = sweep.sweep(specs, cache_path=tmp_path, progress=False)
+    assert len(calls) == 5 and (~third["cached"]).sum() == 1
+    assert list(third["temp_bytes"]) == list(df["temp_bytes"])
+
+
+def test_sweep_timed_and_measured_on_cpu():
+    spec = sweep.grid(TINY, [16], [1], TASK)
+    assert StepSpec.from_json(spec[0].to_json()) == spec[0]
+    timed = sweep.sweep(spec, measure="timed", progress=False, repeats=2).iloc[0]
+    assert timed["status"] == "ok" and timed["step_seconds"] > 0 and timed["temp_bytes"] > 0
+    row = sweep.sweep(spec, measure="measured", progress=False, timeout=300).iloc[0]
+    assert row["status"] == "ok", row["message"]
+    assert row["peak_bytes"] > 0 and row["step_seconds"] > 0
+
+
+def test_sweep_refuses_what_is_not_a_spec():
+    with pytest.raises(ValueError, match="StepSpec"):
+        sweep.sweep([TINY])
+    with pytest.raises(ValueError, match="measure"):
+        sweep.sweep([], measure="guess")

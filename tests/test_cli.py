@@ -1,0 +1,76 @@
+"""Every command of `python -m gclab` runs, on the smallest geometry, and says what it did."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from gclab import cli
+
+# 6 deg / 2 splits, 2 steps x 16: each compile takes a few seconds.
+TINY = ["--resolution", "6", "--mesh-splits", "2"]
+TINY_NET = TINY + ["--latent", "16", "--steps", "2"]
+
+
+def test_graph_prints_counts_as_json(capsys):
+    assert cli.main(["graph", *TINY, "--json"]) == 0
+    counts = json.loads(capsys.readouterr().out)
+    assert counts["grid_nodes"] == 31 * 60
+    assert counts["mesh2grid_edges"] == 3 * counts["grid_nodes"]
+    assert counts["mesh_nodes"] == 162  # 10 * 4**2 + 2 vertices after 2 splits
+
+
+def test_memory_reports_compiled_bytes(capsys):
+    assert cli.main(["memory", *TINY_NET, "--recipe", "lean", "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["temp_bytes"] > 0
+    assert record["total_bytes"] == (record["argument_bytes"] + record["output_bytes"]
+                                     + record["temp_bytes"] - record["alias_bytes"])
+    assert record["memory.processor_remat"] == "nested" and record["model.latent_size"] == 16
+    assert record["num_params"] > 0
+
+
+def test_timeline_writes_a_picture(tmp_path, capsys):
+    out = tmp_path / "timeline.png"
+    assert cli.main(["timeline", *TINY_NET, "--recipe", "none,per-step",
+                     "--plot", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert text.count("peak") == 2 and out.stat().st_size > 10_000
+
+
+def test_sweep_writes_rows_and_a_plot(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("GCLAB_SWEEP_CACHE", str(tmp_path / "cache"))
+    out, plot = tmp_path / "sweep.json", tmp_path / "sweep.png"
+    assert cli.main(["sweep", *TINY, "--latents", "8,16", "--steps-list", "2",
+                     "--recipes", "none,per-step", "--out", str(out), "--plot", str(plot)]) == 0
+    rows = json.loads(out.read_text())
+    assert len(rows) == 4 and {r["technique"] for r in rows} == {"none", "per-step"}
+    assert plot.stat().st_size > 10_000
+
+
+def test_plan_explains_its_choice(capsys):
+    assert cli.main(["plan", "--budget", "8GiB", *TINY, "--compiled", "no"]) == 0
+    assert "Chosen:" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["graph", "--preset", "cpu-4x32", *TINY], "not both"),
+    (["graph", "--resolution", "6"], "--mesh-splits"),
+    (["sweep", *TINY, "--latents", "8,x", "--out", "x.json"], "--latents 8,x"),
+    (["memory", *TINY_NET, "--batch", "0"], "--batch"),
+])
+def test_bad_input_is_one_line_and_exit_2(argv, words, capsys):
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"gclab {argv[0]}: error:") and words in err
+    assert "\n" not in err and "Traceback" not in err
+
+
+def test_module_entry_point_runs():
+    proc = subprocess.run([sys.executable, "-m", "gclab", "graph", *TINY], capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "grid2mesh" in proc.stdout
