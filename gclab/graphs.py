@@ -27,8 +27,9 @@ from gclab import features as features_lib
 from gclab import grid_mesh, icosahedral
 from gclab.config import ModelConfig
 
-# Bump whenever anything that changes the built arrays changes.
-GEOMETRY_VERSION = "gclab-geometry-1"
+# Bump whenever anything that changes the built arrays changes (2: mesh2grid faces by the
+# official nearest-flat-face rule, ties decided by trimesh).
+GEOMETRY_VERSION = "gclab-geometry-2"
 
 _EDGE_SETS = ("grid2mesh", "mesh", "mesh2grid")
 
