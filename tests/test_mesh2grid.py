@@ -14,8 +14,8 @@ import pytest
 import trimesh
 from scipy.spatial.distance import cdist
 
+from gclab import cli, grid_mesh, icosahedral
 from gclab import graphs as graphs_lib
-from gclab import grid_mesh, icosahedral
 
 # Brute force: two faces within this of a node's smallest distance are equally near. The
 # float64 distances below are good to ~1e-18 here; distinct faces differ by > 1e-16.
@@ -216,3 +216,38 @@ def test_cache_key_changed_with_the_rule(tmp_path, monkeypatch):
     with np.load(now) as z:
         assert str(z["cache_key"][()]) == now.stem
     assert graphs_lib._load_cache(now, before.stem) is None
+
+
+# ----------------------------------------------------------------------------- gclab graph --save
+
+def test_cli_graph_save_writes_the_graphs(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("GCLAB_CACHE_DIR", str(tmp_path / "cache"))
+    out = tmp_path / "graphs.npz"
+    assert cli.main(["graph", "--resolution", "10", "--mesh-splits", "2", "--save", str(out)]) == 0
+    assert str(out) in capsys.readouterr().out
+    assert not list(tmp_path.glob("*.tmp"))
+    g = graphs_lib.build_graphs(10.0, 2, cache=False)
+    with np.load(out) as z:
+        for name in ("grid2mesh", "mesh", "mesh2grid"):
+            es = getattr(g, name)
+            assert np.array_equal(z[f"{name}_senders"], es.senders)
+            assert np.array_equal(z[f"{name}_receivers"], es.receivers)
+            assert np.array_equal(z[f"{name}_features"], es.features)
+        assert np.array_equal(z["grid_node_features"], g.grid_node_features)
+        assert np.array_equal(z["mesh_node_features"], g.mesh_node_features)
+
+
+@pytest.mark.parametrize("where,message", [("missing/graphs.npz", "does not exist"),
+                                           (".", "is a directory")])
+def test_cli_graph_save_checks_the_path_first(tmp_path, monkeypatch, capsys, where, message):
+    def no_build(*args, **kw):
+        raise AssertionError("built before checking --save")
+
+    monkeypatch.setattr(graphs_lib, "build_graphs", no_build)
+    path = tmp_path / where
+    code = cli.main(["graph", "--resolution", "10", "--mesh-splits", "2", "--save", str(path)])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.startswith(f"gclab graph: error: --save {path}: ") and message in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert not (tmp_path / "missing").exists()
