@@ -221,14 +221,14 @@ def ties_broken_differently(graphs, m2g_senders: np.ndarray) -> np.ndarray:
         grid node order).
 
     Returns:
-      [T] int64 grid nodes where the two faces differ and the node is equally near both
-      (to `TIE_TOLERANCE`).
+      [T] int64 grid nodes where the two faces are different faces (not the same three
+      vertices in another order) and the node is equally near both (to `TIE_TOLERANCE`).
     """
     from gclab.grid_mesh import grid_positions, point_triangle_distance
 
     mine = graphs.mesh2grid.senders.reshape(-1, 3)  # [Ng, 3]
     theirs = np.asarray(m2g_senders).reshape(-1, 3)  # [Ng, 3]
-    differ = np.flatnonzero((mine != theirs).any(axis=1))  # [D]
+    differ = np.flatnonzero((np.sort(mine, axis=1) != np.sort(theirs, axis=1)).any(axis=1))
     xyz = grid_positions(graphs.grid_lat, graphs.grid_lon)[differ]  # [D, 3]
     verts = graphs.mesh_node_xyz.astype(np.float64)  # [Nm, 3]
     gap = np.abs(point_triangle_distance(xyz, verts[mine[differ]])

@@ -299,3 +299,8 @@ def test_fixture_with_another_face_off_ties_fails(tmp_path):
     m2g = checks["mesh2grid edges equal the official ones, edge by edge"]
     assert not m2g.passed and "1 grid nodes differ: 0 ties" in m2g.detail
     assert cli.main(["reference", str(path)]) == 1
+    # The same face with its vertices in another order is not a tie either.
+    tie = int(np.flatnonzero(by_trimesh)[0])
+    _write_fixture(path, **cfg, m2g_faces={tie: g.mesh2grid.senders[3 * tie:3 * tie + 3][::-1]})
+    m2g = {c.name: c for c in run_checks(load_fixture(path))}[m2g.name]
+    assert not m2g.passed and "1 grid nodes differ: 0 ties" in m2g.detail
