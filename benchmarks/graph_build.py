@@ -57,6 +57,7 @@ def main() -> None:
     parser.add_argument("--output", type=Path, default=RESULTS)
     args = parser.parse_args()
 
+    load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="gclab-graph-bench-") as cache_dir:
         first = _run_child(args.resolution, args.splits, cache_dir)
         cache_files = sorted(Path(cache_dir).glob("*.npz"))
@@ -76,6 +77,9 @@ def main() -> None:
             "processor": platform.processor(),
             "cpu_count": os.cpu_count(),
             "python": platform.python_version(),
+            "load_average_1min": round(load_before, 2),
+            "note": "other processes share these cores; a load average above the core "
+                    "count slows the builds down",
         },
         "first_build": {
             "seconds": round(first["seconds"], 3),

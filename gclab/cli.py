@@ -1,7 +1,8 @@
 """Command line: `python -m gclab COMMAND ...` (or `gclab COMMAND ...`).
 
 Commands:
-  graph      node and edge counts of a grid + multimesh (built and cached)
+  graph      node and edge counts of a grid + multimesh (built and cached); --save
+             FILE.npz writes the three graphs and their static features
   reference  check gclab against a fixture produced by the official code
   memory     XLA's compiled memory of one training step, from shapes alone
   timeline   the memory timeline of one training step, as a picture
@@ -19,10 +20,11 @@ import json
 import os
 import sys
 import time
+from pathlib import Path
 from typing import Optional, Sequence
 
 from gclab.config import resolve_model
-from gclab.geometry.graphs import build_graphs
+from gclab.geometry.graphs import build_graphs, save_graphs
 from gclab.measure.compiled import format_bytes
 from gclab.memory.config import RECIPES, REMAT_SPEC_HELP, get_recipe, parse_remat_spec
 from gclab.model.reference import load_fixture, run_checks
@@ -98,19 +100,40 @@ def _print_json(obj) -> None:
 # ----------------------------------------------------------------------------------------
 
 
+def _save_path(text: str):
+    """The --save file, checked before any work: its folder exists, it is not a folder."""
+    import os
+    path = Path(text)
+    if path.is_dir():
+        raise UsageError(f"--save {text}: is a directory, give a file name (FILE.npz)")
+    folder = path.parent
+    if not folder.is_dir():
+        raise UsageError(f"--save {text}: folder {str(folder)!r} does not exist")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise UsageError(f"--save {text}: folder {str(folder)!r} is not writable")
+    return path
+
+
 def cmd_graph(args) -> int:
     model, _ = _resolve_model(args)
+    save = _save_path(args.save) if args.save is not None else None
     t0 = time.perf_counter()
     graphs = build_graphs(model.resolution, model.mesh_splits,
                           model.radius_query_fraction_edge_length,
                           model.mesh2grid_edge_normalization_factor)
     seconds = time.perf_counter() - t0
+    if save is not None:
+        try:
+            save_graphs(graphs, save)
+        except OSError as e:
+            raise UsageError(f"--save {args.save}: {e.strerror or e}") from None
     counts = graphs.counts()
     if args.json:
         _print_json({**counts, "resolution": model.resolution, "mesh_splits": model.mesh_splits,
                      "radius_query_fraction_edge_length":
                          model.radius_query_fraction_edge_length,
-                     "build_seconds": round(seconds, 3)})
+                     "build_seconds": round(seconds, 3),
+                     **({"saved": str(save)} if save is not None else {})})
     else:
         print(f"grid {model.resolution:g} deg ({graphs.n_lat} x {graphs.n_lon}), "
               f"{model.mesh_splits} mesh splits, radius fraction "
@@ -118,6 +141,8 @@ def cmd_graph(args) -> int:
         for key, value in counts.items():
             print(f"  {key:<16} {value:>12,}")
         print(f"  built in {seconds:.2f} s (cached on disk for the next run)")
+        if save is not None:
+            print(f"  saved to {save} (senders, receivers and features of the three graphs)")
     return 0
 
 
@@ -225,6 +250,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("graph", help="node and edge counts of a grid and multimesh")
     _add_model_args(p, network=False)
     p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--save", metavar="FILE.npz",
+                   help="write the three graphs (senders, receivers) and static features")
     p.set_defaults(func=cmd_graph)
 
     p = sub.add_parser("reference", help="check gclab against official fixtures")

@@ -3,7 +3,8 @@
 `build_graphs` assembles the lat/lon grid, the icosahedral multimesh, the grid2mesh,
 mesh and mesh2grid edge sets and all structural features, exactly as the official
 GraphCast code does (see `tests/geometry/test_geometry.py` for the checks against its fixtures).
-Results are cached on disk as ``.npz`` files.
+Results are cached on disk as ``.npz`` files; `save_graphs` (``gclab graph --save``)
+writes them to a file of one's choosing, to compare with another implementation.
 
 Shape glossary:
   Ng: grid nodes (n_lat * n_lon, latitude-major).
@@ -27,8 +28,9 @@ from gclab.config import ModelConfig
 from gclab.geometry import features as features_lib
 from gclab.geometry import grid_mesh, icosahedral
 
-# Bump whenever anything that changes the built arrays changes.
-GEOMETRY_VERSION = "gclab-geometry-1"
+# Bump whenever anything that changes the built arrays changes (2: mesh2grid faces by the
+# official nearest-flat-face rule, ties decided by trimesh).
+GEOMETRY_VERSION = "gclab-geometry-2"
 
 _EDGE_SETS = ("grid2mesh", "mesh", "mesh2grid")
 
@@ -181,9 +183,22 @@ def default_cache_dir() -> Path:
     return Path.home() / ".cache" / "gclab" / "graphs"
 
 
-def _to_arrays(g: Graphs, key: str) -> dict[str, np.ndarray]:
+def graph_arrays(g: Graphs) -> dict[str, np.ndarray]:
+    """The graphs and static features as named numpy arrays.
+
+    Keys: ``{grid2mesh,mesh,mesh2grid}_{senders,receivers,features,normalization}``,
+    ``grid_node_features``, ``mesh_node_features``, ``mesh_node_xyz``, ``grid_lat``,
+    ``grid_lon``, ``resolution``, ``mesh_splits``, ``radius_query_fraction_edge_length``
+    and ``query_radius``. Senders and receivers index the node sets in the order of the
+    official code (grid nodes latitude-major, mesh nodes in refinement order).
+
+    Args:
+      g: the graphs.
+
+    Returns:
+      A dict of arrays, as `save_graphs` writes them.
+    """
     arrays: dict[str, np.ndarray] = {
-        "cache_key": np.array(key),
         "resolution": np.array(g.resolution, dtype=np.float64),
         "mesh_splits": np.array(g.mesh_splits, dtype=np.int64),
         "radius_query_fraction_edge_length": np.array(
@@ -249,13 +264,15 @@ def _load_cache(path: Path, key: str) -> Optional[Graphs]:
         return None
 
 
-def _save_cache(path: Path, g: Graphs, key: str) -> None:
+def _write_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
     """Writes atomically (temporary file in the same folder, then os.replace)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
-            np.savez(f, **_to_arrays(g, key))
+            np.savez(f, **arrays)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # as an ordinary new file, not mkstemp's 0600
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -263,6 +280,33 @@ def _save_cache(path: Path, g: Graphs, key: str) -> None:
         except OSError:
             pass
         raise
+
+
+def _save_cache(path: Path, g: Graphs, key: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _write_npz(path, {"cache_key": np.array(key), **graph_arrays(g)})
+
+
+def save_graphs(g: Graphs, path: Union[str, os.PathLike]) -> Path:
+    """Writes the three graphs and their static features to an ``.npz`` file.
+
+    The file holds `graph_arrays` under those names, written atomically (a temporary
+    file in the same folder, then renamed), so another implementation's graphs can be
+    compared with gclab's array by array.
+
+    Args:
+      g: the graphs.
+      path: the file to write; its folder must exist.
+
+    Returns:
+      The path written.
+
+    Raises:
+      OSError: the file cannot be written.
+    """
+    path = Path(path)
+    _write_npz(path, graph_arrays(g))
+    return path
 
 
 def cache_path(resolution: float, mesh_splits: int,

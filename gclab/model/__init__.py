@@ -29,7 +29,7 @@ from gclab.model.reference import (
     FixtureError,
     load_fixture,
     run_checks,
-    tie_nodes,
+    ties_broken_differently,
 )
 
 __all__ = [
@@ -37,5 +37,5 @@ __all__ = [
     "edge_messages", "encoder", "flat_to_nested", "from_official", "graph_input_shapes",
     "graph_inputs", "graph_inputs_from_arrays", "graphcast_forward", "layer_norm",
     "load_fixture", "make_network", "mlp", "mlp_concat", "param_shapes", "processor", "project",
-    "run_checks", "tie_nodes", "to_official",
+    "run_checks", "ties_broken_differently", "to_official",
 ]

@@ -7,14 +7,14 @@ splits, widths, step counts, hidden layers, radius fractions and batch sizes, an
 a JSON sidecar, so the config must be recovered from the arrays alone.
 """
 
-import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from gclab import cli
-from gclab.geometry import build_graphs
+from gclab.geometry import build_graphs, grid_mesh, icosahedral
+from gclab.geometry import features as features_lib
 from gclab.model import FixtureError, load_fixture, run_checks
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -32,6 +32,14 @@ def test_shared_fixture_passes_both_checks(path):
     failed = [c for c in checks if not c.passed]
     assert not failed, failed
     assert max(c.max_abs_error for c in checks) <= 1e-5
+    # mesh2grid edge by edge, and the outputs at every grid node: no ties left out.
+    by_name = {c.name: c for c in checks}
+    decided = {"official_tiny": 42, "official_small": 84}[path.stem]
+    assert by_name["mesh2grid edges equal the official ones, edge by edge"].detail.endswith(
+        f"including the {decided} grid nodes that trimesh decides")
+    n_grid = load_fixture(path).arrays["inputs"].shape[0]
+    for c in checks[-2:]:
+        assert c.detail == f"{n_grid} grid nodes"
 
 
 def test_cli_reference_exit_status(capsys):
@@ -135,8 +143,13 @@ def _official_params(rng, C, O, L, S, H):
     return out
 
 
-def _write_fixture(path, *, resolution, splits, L, S, H, C, O, B, fraction, seed=0):
-    """Writes a fixture in the official format from gclab's graphs and the numpy model."""
+def _write_fixture(path, *, resolution, splits, L, S, H, C, O, B, fraction, seed=0,
+                   m2g_faces=None):
+    """Writes a fixture in the official format from gclab's graphs and the numpy model.
+
+    `m2g_faces` ({grid node: three mesh nodes}) gives those grid nodes another face, as
+    another producer of fixtures might.
+    """
     rng = np.random.default_rng(seed)
     g = build_graphs(resolution, splits, fraction)
     a = {
@@ -147,6 +160,15 @@ def _write_fixture(path, *, resolution, splits, L, S, H, C, O, B, fraction, seed
     for key, es in (("g2m", g.grid2mesh), ("mesh", g.mesh), ("m2g", g.mesh2grid)):
         a[f"{key}_senders"], a[f"{key}_receivers"] = es.senders, es.receivers
         a[f"feat_{key}_edges"] = es.features
+    if m2g_faces:
+        senders = g.mesh2grid.senders.copy().reshape(-1, 3)
+        for node, face in m2g_faces.items():
+            senders[node] = face
+        a["m2g_senders"] = senders.reshape(-1)
+        mesh_ll = grid_mesh.xyz_to_lat_lon(g.mesh_node_xyz)
+        grid_ll = grid_mesh.grid_node_lat_lon(g.grid_lat, g.grid_lon)
+        a["feat_m2g_edges"], _ = features_lib.edge_features(
+            *mesh_ll, *grid_ll, a["m2g_senders"], a["m2g_receivers"])
     for prefix, out_key in (("param::", "outputs"), ("pparam::", "outputs_perturbed")):
         p = _official_params(rng, C, O, L, S, H)
         a[out_key] = _numpy_graphcast(p, a, S).astype(np.float32)
@@ -230,13 +252,55 @@ def test_malformed_fixtures_get_clear_errors(tmp_path, capsys):
     assert "fixture not found" in capsys.readouterr().err
 
 
-def test_sidecar_ties_are_all_found_by_geometry():
-    for path in SHARED:
-        side = json.loads(path.with_suffix(".json").read_text())
-        listed = side["graph"]["tie_diagnostics"]["m2g_grid_nodes_on_face_boundary_indices"]
-        from gclab.model import tie_nodes
+def _other_face(g, node, equally_near):
+    """Another finest face for a grid node, across a side: an equally near one, or not."""
+    faces = icosahedral.multimesh(g.mesh_splits).finest_faces
+    point = grid_mesh.grid_positions(g.grid_lat, g.grid_lon)[node]
+    dist = grid_mesh.point_triangle_distance(point, g.mesh_node_xyz[faces])  # [Nf]
+    chosen = g.mesh2grid.senders.reshape(-1, 3)[node]
+    others = [f for f in range(faces.shape[0]) if not np.array_equal(faces[f], chosen)
+              and np.isin(faces[f], chosen).sum() == 2]  # across a side
+    f = min(others, key=lambda f: dist[f])
+    assert (dist[f] - dist.min() <= 1e-12) == equally_near
+    return faces[f]
 
-        cfg = side["config"]
-        found = tie_nodes(build_graphs(cfg["resolution"], cfg["mesh_size"]))
-        assert set(listed) <= set(found.tolist())
-        assert len(found) == len(listed)
+
+def test_fixture_with_ties_broken_differently(tmp_path, capsys):
+    """Another producer's tie-breaking passes, leaving those nodes out and saying so."""
+    cfg = UNSEEN[0]
+    g = build_graphs(cfg["resolution"], cfg["splits"], cfg["fraction"])
+    points = grid_mesh.grid_positions(g.grid_lat, g.grid_lon)
+    faces = icosahedral.multimesh(g.mesh_splits).finest_faces
+    _, by_trimesh = grid_mesh.nearest_flat_faces(points, g.mesh_node_xyz, faces)
+    ties = np.flatnonzero(by_trimesh)
+    assert ties.size == 42
+    path = tmp_path / "ties.npz"
+    _write_fixture(path, **cfg, m2g_faces={int(n): _other_face(g, n, True) for n in ties[:3]})
+    checks = {c.name: c for c in run_checks(load_fixture(path))}
+    assert all(c.passed for c in checks.values()), checks
+    m2g = checks["mesh2grid edges equal the official ones, edge by edge"]
+    assert "3 grid nodes differ: 3 ties the fixture's producer broke differently" in m2g.detail
+    own = checks["network on gclab's own graphs, param:: -> outputs"]
+    assert own.detail == f"{g.num_grid_nodes - 3} grid nodes (3 ties broken differently left out)"
+    assert cli.main(["reference", str(path)]) == 0
+    assert "3 ties the fixture's producer broke differently" in capsys.readouterr().out
+
+
+def test_fixture_with_another_face_off_ties_fails(tmp_path):
+    cfg = UNSEEN[0]
+    g = build_graphs(cfg["resolution"], cfg["splits"], cfg["fraction"])
+    points = grid_mesh.grid_positions(g.grid_lat, g.grid_lon)
+    faces = icosahedral.multimesh(g.mesh_splits).finest_faces
+    _, by_trimesh = grid_mesh.nearest_flat_faces(points, g.mesh_node_xyz, faces)
+    node = int(np.flatnonzero(~by_trimesh)[g.num_grid_nodes // 3])
+    path = tmp_path / "other.npz"
+    _write_fixture(path, **cfg, m2g_faces={node: _other_face(g, node, False)})
+    checks = {c.name: c for c in run_checks(load_fixture(path))}
+    m2g = checks["mesh2grid edges equal the official ones, edge by edge"]
+    assert not m2g.passed and "1 grid nodes differ: 0 ties" in m2g.detail
+    assert cli.main(["reference", str(path)]) == 1
+    # The same face with its vertices in another order is not a tie either.
+    tie = int(np.flatnonzero(by_trimesh)[0])
+    _write_fixture(path, **cfg, m2g_faces={tie: g.mesh2grid.senders[3 * tie:3 * tie + 3][::-1]})
+    m2g = {c.name: c for c in run_checks(load_fixture(path))}[m2g.name]
+    assert not m2g.passed and "1 grid nodes differ: 0 ties" in m2g.detail
