@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import NoReturn, Optional
+import numbers
+from typing import Any, NoReturn, Optional
 
 # Pressure levels (hPa) of the two published level sets.
 PRESSURE_LEVELS_13 = (50, 100, 150, 200, 250, 300, 400, 500, 600, 700, 850, 925, 1000)
@@ -54,25 +55,65 @@ STRUCTURAL_EDGE_FEATURES = 4  # |d|, d_x, d_y, d_z (receiver frame, normalised)
 INPUT_FRAMES = 2
 
 MAX_MESH_SPLITS = 7
+#: Largest count of anything that becomes an array dimension or a loop length (latent
+#: width, processor steps, batch, rollout, block sizes): int32, as XLA's loop counters
+#: and gclab's node indices are.
+MAX_INT32 = 2**31 - 1
+#: Most grid nodes a grid may have: node indices are int32 (about a 0.0055 deg grid).
+MAX_GRID_NODES = MAX_INT32
+#: Largest grid2mesh radius fraction: beyond about 250 the query radius exceeds the
+#: sphere's diameter even on the finest mesh (every grid node connects to every mesh
+#: node), and far beyond it the float32 radius overflows.
+MAX_RADIUS_FRACTION = 1000.0
+
+
+class ConfigError(ValueError):
+    """A config field with a value that is not allowed.
+
+    The message is ``"<Class>.<field>=<value> is invalid: <allowed>."``; the parts are
+    kept as attributes, so that a command line can name its own option instead.
+
+    Attributes:
+      owner: the config's class name.
+      field: the field.
+      value: the value given.
+      allowed: what is allowed, in words.
+    """
+
+    def __init__(self, owner: str, field: str, value: Any, allowed: str) -> None:
+        super().__init__(f"{owner}.{field}={value!r} is invalid: {allowed}.")
+        self.owner, self.field, self.value, self.allowed = owner, field, value, allowed
 
 
 def invalid(config: object, field: str, allowed: str) -> NoReturn:
     """Raises the error every gclab config gives for a bad field value.
 
-    ``ValueError("<Class>.<field>=<value> is invalid: <allowed>.")``
+    ``ConfigError("<Class>.<field>=<value> is invalid: <allowed>.")``, a `ValueError`.
     """
-    value = getattr(config, field)
-    raise ValueError(f"{type(config).__name__}.{field}={value!r} is invalid: {allowed}.")
+    raise ConfigError(type(config).__name__, field, getattr(config, field), allowed)
 
 
 def is_int(v: object) -> bool:
-    """An int, and not a bool."""
-    return isinstance(v, int) and not isinstance(v, bool)
+    """An integer (Python or numpy), and not a bool."""
+    return isinstance(v, numbers.Integral) and not isinstance(v, bool)
 
 
 def is_number(v: object) -> bool:
-    """An int or float, and not a bool."""
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
+    """A real number (Python or numpy, int or float), and not a bool."""
+    return isinstance(v, numbers.Real) and not isinstance(v, bool)
+
+
+def normalise_numbers(config: object, ints: tuple = (), floats: tuple = ()) -> None:
+    """Turns numpy scalars of a frozen dataclass's valid fields into Python int / float.
+
+    Call after validation, so that configs compare, hash and serialise the same whatever
+    kind of number they were given.
+    """
+    for names, kind in ((ints, int), (floats, float)):
+        for name in names:
+            value = getattr(config, name)
+            if value is not None and type(value) is not kind:
+                object.__setattr__(config, name, kind(value))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,9 +121,10 @@ class ModelConfig:
     """Geometry and network of one GraphCast model.
 
     Attributes:
-      resolution: grid spacing in degrees; must divide 180 (pole-inclusive grid of
-        180/res + 1 latitudes and 360/res longitudes). 0.25 is the published model;
-        4.0 is a small grid for CPU work.
+      resolution: grid spacing in degrees, in (0, 180]; must divide 180 (pole-inclusive
+        grid of 180/res + 1 latitudes and 360/res longitudes) and give at most
+        `MAX_GRID_NODES` nodes. 0.25 is the published model; 4.0 is a small grid for
+        CPU work.
       mesh_splits: refinements of the icosahedron (0..7). Each split quadruples the
         mesh faces; 6 gives 40,962 mesh nodes and 327,660 multimesh edges.
       latent_size: width L of every node and edge latent. Memory of a training step
@@ -91,8 +133,12 @@ class ModelConfig:
         Without remat, activation memory grows linearly with S.
       hidden_layers: hidden layers per MLP (1 in every published model).
       radius_query_fraction_edge_length: grid2mesh radius as a fraction of the longest
-        finest-mesh edge. 0.6 (published) reduces edge count and memory use, while
-        larger values connect each grid node to more mesh nodes.
+        finest-mesh edge, in (0, `MAX_RADIUS_FRACTION`]. 0.6 (published) reduces edge
+        count and memory use, while larger values connect each grid node to more mesh
+        nodes.
+
+    Integer fields are at most `MAX_INT32`. numpy numbers are accepted and stored as
+    Python int / float.
       mesh2grid_edge_normalization_factor: divides mesh2grid edge features; None
         uses the longest mesh2grid edge (the official default).
     """
@@ -107,24 +153,35 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         res = self.resolution
-        if not is_number(res) or not res > 0:
-            invalid(self, "resolution", "a positive number of degrees that divides 180")
+        if not is_number(res) or not 0 < res <= 180:
+            invalid(self, "resolution",
+                    "a positive number of degrees, at most 180, that divides 180")
         n = 180.0 / res
         if abs(n - round(n)) > 1e-9 or abs(360.0 / res - round(360.0 / res)) > 1e-9:
             invalid(self, "resolution", "180 / resolution must be a whole number "
                     "(e.g. 0.25, 1, 4, 10)")
+        nodes = (round(n) + 1) * round(2 * n)
+        if nodes > MAX_GRID_NODES:
+            count = f"{nodes:,}" if nodes < 10**15 else f"about 10^{len(str(nodes)) - 1}"
+            invalid(self, "resolution", f"a grid of at most {MAX_GRID_NODES:,} nodes (int32 "
+                    f"indices, about 0.0055 deg), and this one has {count}")
         if not is_int(self.mesh_splits) or not 0 <= self.mesh_splits <= MAX_MESH_SPLITS:
             invalid(self, "mesh_splits", f"an integer in 0..{MAX_MESH_SPLITS}")
         for field in ("latent_size", "processor_steps", "hidden_layers"):
             v = getattr(self, field)
-            if not is_int(v) or v < 1:
-                invalid(self, field, "an integer >= 1")
+            if not is_int(v) or not 1 <= v <= MAX_INT32:
+                invalid(self, field, f"an integer >= 1 (and <= {MAX_INT32})")
         f = self.radius_query_fraction_edge_length
-        if not is_number(f) or not f > 0 or math.isinf(f):
-            invalid(self, "radius_query_fraction_edge_length", "a finite number > 0")
+        if not is_number(f) or not 0 < f <= MAX_RADIUS_FRACTION:
+            invalid(self, "radius_query_fraction_edge_length",
+                    f"a number > 0 (and <= {MAX_RADIUS_FRACTION:g})")
         g = self.mesh2grid_edge_normalization_factor
         if g is not None and (not is_number(g) or not g > 0 or math.isinf(g)):
             invalid(self, "mesh2grid_edge_normalization_factor", "None or a finite number > 0")
+        normalise_numbers(self, ("mesh_splits", "latent_size", "processor_steps",
+                                 "hidden_layers"),
+                          ("resolution", "radius_query_fraction_edge_length",
+                           "mesh2grid_edge_normalization_factor"))
 
     @property
     def n_lat(self) -> int:
@@ -171,8 +228,9 @@ class TaskConfig:
     def __post_init__(self) -> None:
         levels = self.pressure_levels
         if not isinstance(levels, tuple) or not levels or not all(
-                is_number(p) and p > 0 for p in levels):
-            invalid(self, "pressure_levels", "a non-empty tuple of positive pressures (hPa)")
+                is_number(p) and 0 < p < math.inf for p in levels):
+            invalid(self, "pressure_levels", "a non-empty tuple of positive finite "
+                    "pressures (hPa)")
         if len(set(levels)) != len(levels):
             invalid(self, "pressure_levels", "pressures must be distinct")
         if not isinstance(self.precipitation_input, bool):

@@ -15,10 +15,15 @@ from gclab.geometry.graphs import (
     GEOMETRY_VERSION,
     EdgeSet,
     Graphs,
+    GraphsSource,
     build_graphs,
     cache_path,
+    check_build_size,
     default_cache_dir,
+    estimate_build_bytes,
+    estimate_grid2mesh_edges,
     graphs_for,
+    load_or_build_graphs,
 )
 from gclab.geometry.grid_mesh import (
     grid2mesh_edges,
@@ -33,9 +38,10 @@ from gclab.geometry.grid_mesh import (
 from gclab.geometry.icosahedral import Multimesh, faces_to_edges, icosahedron, multimesh
 
 __all__ = [
-    "GEOMETRY_VERSION", "EdgeSet", "Graphs", "Multimesh", "build_graphs", "cache_path",
-    "default_cache_dir", "edge_features", "faces_to_edges", "graphs_for", "grid2mesh_edges",
+    "EdgeSet", "GEOMETRY_VERSION", "Graphs", "GraphsSource", "Multimesh", "build_graphs",
+    "cache_path", "check_build_size", "default_cache_dir", "edge_features", "estimate_build_bytes",
+    "estimate_grid2mesh_edges", "faces_to_edges", "graphs_for", "grid2mesh_edges",
     "grid_latitudes", "grid_longitudes", "grid_node_lat_lon", "grid_positions", "icosahedron",
-    "lat_lon_to_xyz", "mesh2grid_edges", "multimesh", "node_features", "raw_edge_features",
-    "xyz_to_lat_lon",
+    "lat_lon_to_xyz", "load_or_build_graphs", "mesh2grid_edges", "multimesh", "node_features",
+    "raw_edge_features", "xyz_to_lat_lon",
 ]

@@ -18,15 +18,17 @@ import dataclasses
 import hashlib
 import json
 import os
-import tempfile
+import warnings
 from pathlib import Path
 from typing import Any, Optional, Union
 
 import numpy as np
 
 from gclab.config import ModelConfig
+from gclab.files import CacheWarning, atomic_path
 from gclab.geometry import features as features_lib
 from gclab.geometry import grid_mesh, icosahedral
+from gclab.limits import host_memory_bytes, require_fits
 
 # Bump whenever anything that changes the built arrays changes (2: mesh2grid faces by the
 # official nearest-flat-face rule, ties decided by trimesh).
@@ -254,32 +256,22 @@ def _from_arrays(z: Any, key: str) -> Graphs:
 
 
 def _load_cache(path: Path, key: str) -> Optional[Graphs]:
-    """The cached graphs at `path`, or None if missing or unreadable."""
-    if not path.is_file():
+    """The cached graphs at `path`; None if missing, or damaged (with a `CacheWarning`)."""
+    if not path.exists():
         return None
     try:
         with np.load(path, allow_pickle=False) as z:
             return _from_arrays(z, key)
-    except Exception:  # noqa: BLE001 - any damage means "rebuild"
+    except Exception as e:  # noqa: BLE001 - any damage means "rebuild"
+        warnings.warn(f"graph cache {path} is damaged ({type(e).__name__}: {e}); "
+                      "rebuilding it", CacheWarning, stacklevel=3)
         return None
 
 
 def _write_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
-    """Writes atomically (temporary file in the same folder, then os.replace)."""
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, **arrays)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # as an ordinary new file, not mkstemp's 0600
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    """Writes atomically (`gclab.files.atomic_path`: a temporary file, then os.replace)."""
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        np.savez(f, **arrays)
 
 
 def _save_cache(path: Path, g: Graphs, key: str) -> None:
@@ -320,7 +312,87 @@ def cache_path(resolution: float, mesh_splits: int,
     return folder / f"{key}.npz"
 
 
+# ----------------------------------------------------------------------------- size
+
+#: Upper bound of (longest finest-mesh edge) x 2**splits: 1.05 at 0 splits, rising to
+#: 1.3231 at 6 splits.
+_FINEST_EDGE_TIMES_2_POW_SPLITS = 1.33
+#: Host bytes of building, per grid node, per grid2mesh edge and per multimesh edge, and
+#: a fixed part (measured peaks of `build_graphs`: 0.57 GiB at 0.25 deg / 6 splits).
+_BUILD_BYTES_PER_GRID_NODE = 450
+_BUILD_BYTES_PER_GRID2MESH_EDGE = 160
+_BUILD_BYTES_PER_MESH_EDGE = 150
+_BUILD_BYTES_FIXED = 64 * 2**20
+
+
+def estimate_grid2mesh_edges(resolution: float, mesh_splits: int,
+                             radius_query_fraction_edge_length: float = 0.6) -> int:
+    """About how many grid2mesh edges a geometry has, without building it.
+
+    A cap of chord radius r covers r^2 / 4 of the sphere, so each grid node reaches about
+    that fraction of the mesh nodes (all of them once r >= 2).
+    """
+    model = ModelConfig(resolution=resolution, mesh_splits=mesh_splits,
+                        radius_query_fraction_edge_length=radius_query_fraction_edge_length)
+    radius = (radius_query_fraction_edge_length * _FINEST_EDGE_TIMES_2_POW_SPLITS
+              / 2**mesh_splits)
+    reach = min(1.0, radius**2 / 4)
+    return int(np.ceil(model.num_grid_nodes * model.num_mesh_nodes * reach))
+
+
+def estimate_build_bytes(resolution: float, mesh_splits: int,
+                         radius_query_fraction_edge_length: float = 0.6) -> int:
+    """Host bytes `build_graphs` needs at its peak, estimated from the sizes (high side)."""
+    model = ModelConfig(resolution=resolution, mesh_splits=mesh_splits,
+                        radius_query_fraction_edge_length=radius_query_fraction_edge_length)
+    eg = estimate_grid2mesh_edges(resolution, mesh_splits, radius_query_fraction_edge_length)
+    return (_BUILD_BYTES_PER_GRID_NODE * model.num_grid_nodes
+            + _BUILD_BYTES_PER_GRID2MESH_EDGE * eg
+            + _BUILD_BYTES_PER_MESH_EDGE * model.num_mesh_edges + _BUILD_BYTES_FIXED)
+
+
+def check_build_size(resolution: float, mesh_splits: int,
+                     radius_query_fraction_edge_length: float = 0.6) -> None:
+    """Refuses, before any work, graphs that would not fit in this machine's memory.
+
+    Raises:
+      gclab.limits.TooLarge: the estimate (`estimate_build_bytes`) exceeds
+        `gclab.limits.host_memory_bytes()`; the message gives both.
+    """
+    needed = estimate_build_bytes(resolution, mesh_splits, radius_query_fraction_edge_length)
+    model = ModelConfig(resolution=resolution, mesh_splits=mesh_splits)
+    require_fits(f"building the graphs of a {resolution:g} deg grid ({model.num_grid_nodes:,} "
+                 f"nodes) with {mesh_splits} mesh splits and radius fraction "
+                 f"{radius_query_fraction_edge_length:g}", needed, host_memory_bytes(),
+                 "this machine's memory")
+
+
 # ----------------------------------------------------------------------------- API
+
+@dataclasses.dataclass(frozen=True)
+class GraphsSource:
+    """Where `load_or_build_graphs` got the graphs from.
+
+    Attributes:
+      loaded: True if read from the disk cache, False if built.
+      cache_path: the cache file (None with the cache off).
+      cache_error: why a built graph could not be cached (None if it was, or cache off).
+    """
+
+    loaded: bool
+    cache_path: Optional[Path]
+    cache_error: Optional[str] = None
+
+    def describe(self) -> str:
+        """One phrase: ``loaded from the cache (...)``, ``built and cached (...)``, ..."""
+        if self.loaded:
+            return f"loaded from the cache ({self.cache_path})"
+        if self.cache_path is None:
+            return "built (cache off)"
+        if self.cache_error is not None:
+            return f"built, not cached: {self.cache_path} could not be written ({self.cache_error})"
+        return f"built and cached for the next run ({self.cache_path})"
+
 
 def build_graphs(
     resolution: float,
@@ -348,6 +420,33 @@ def build_graphs(
 
     Raises:
       ValueError: if an argument is invalid (checked by `gclab.config.ModelConfig`).
+      gclab.limits.TooLarge: the build would not fit in memory (`check_build_size`).
+    """
+    return load_or_build_graphs(resolution, mesh_splits, radius_query_fraction_edge_length,
+                                mesh2grid_edge_normalization_factor, cache=cache,
+                                cache_dir=cache_dir)[0]
+
+
+def load_or_build_graphs(
+    resolution: float,
+    mesh_splits: int,
+    radius_query_fraction_edge_length: float = 0.6,
+    mesh2grid_edge_normalization_factor: Optional[float] = None,
+    *,
+    cache: bool = True,
+    cache_dir: Optional[Union[str, os.PathLike]] = None,
+) -> tuple[Graphs, GraphsSource]:
+    """`build_graphs`, and where the graphs came from (cache or build, cached or not).
+
+    A damaged cache file is rebuilt with a `gclab.files.CacheWarning`; a cache folder
+    that cannot be written does not stop the build (`GraphsSource.cache_error` says why).
+
+    Returns:
+      `(graphs, source)`.
+
+    Raises:
+      ValueError: an invalid argument (checked by `gclab.config.ModelConfig`).
+      gclab.limits.TooLarge: the build would not fit in memory (`check_build_size`).
     """
     ModelConfig(
         resolution=resolution,
@@ -355,22 +454,25 @@ def build_graphs(
         radius_query_fraction_edge_length=radius_query_fraction_edge_length,
         mesh2grid_edge_normalization_factor=mesh2grid_edge_normalization_factor,
     )
+    if not isinstance(cache, bool):
+        raise ValueError(f"cache={cache!r} is invalid: True or False")
     args = (float(resolution), int(mesh_splits), float(radius_query_fraction_edge_length),
             None if mesh2grid_edge_normalization_factor is None
             else float(mesh2grid_edge_normalization_factor))
+    check_build_size(*args[:3])
     if not cache:
-        return _build(*args)
+        return _build(*args), GraphsSource(False, None)
     key = _cache_key(*args)
     path = cache_path(*args, cache_dir=cache_dir)
     graphs = _load_cache(path, key)
     if graphs is not None:
-        return graphs
+        return graphs, GraphsSource(True, path)
     graphs = _build(*args)
     try:
         _save_cache(path, graphs, key)
-    except OSError:
-        pass  # An unwritable cache folder must not stop the build.
-    return graphs
+    except OSError as e:  # An unwritable cache folder must not stop the build.
+        return graphs, GraphsSource(False, path, str(e.strerror or e))
+    return graphs, GraphsSource(False, path)
 
 
 def graphs_for(model_config: ModelConfig, **kw: Any) -> Graphs:

@@ -12,37 +12,16 @@
 from __future__ import annotations
 
 import dataclasses
-import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
 
+from gclab.limits import format_bytes
 
-def format_bytes(n: float | None, digits: int = 2) -> str:
-    """Formats a byte count with binary units.
-
-    Args:
-      n: number of bytes (may be negative, float or None).
-      digits: digits after the decimal point for units above bytes.
-
-    Returns:
-      A string such as ``'512 B'``, ``'1.50 MiB'`` or ``'3.00 GiB'``; ``'n/a'`` for
-      None or NaN.
-    """
-    if n is None or math.isnan(n):
-        return "n/a"
-    sign = "-" if n < 0 else ""
-    value = float(abs(n))
-    units = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
-    i = 0
-    while value >= 1024.0 and i < len(units) - 1:
-        value /= 1024.0
-        i += 1
-    if i == 0:
-        return f"{sign}{int(value)} B"
-    return f"{sign}{value:.{digits}f} {units[i]}"
+__all__ = ["CompiledMemory", "compile_fn", "compile_timed", "compiled_memory", "format_bytes",
+           "memory_of_compiled"]
 
 
 # --------------------------------------------------------------------------- planned

@@ -21,9 +21,12 @@ from gclab.memory.precision import aggregate
 
 
 def balanced_block(n: int, block: int) -> int:
-    """The block size that splits `n` rows into ceil(n / block) near-equal blocks."""
+    """The block size that splits `n` rows into ceil(n / block) near-equal blocks.
+
+    At least 1: no rows (a graph without edges) make one block of padding.
+    """
     nb = max(1, -(-n // block))
-    return -(-n // nb)
+    return max(1, -(-n // nb))
 
 
 def split_blocks(x: jax.Array, block: int, fill=0) -> jax.Array:

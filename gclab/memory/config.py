@@ -27,7 +27,7 @@ import math
 import re
 from typing import Optional
 
-from gclab.config import invalid, is_int, is_number
+from gclab.config import MAX_INT32, invalid, is_int, is_number, normalise_numbers
 
 REMAT_KINDS = ("none", "step", "every", "nested", "ratio")
 REMAT_POLICIES = ("nothing", "dots", "aggregated", "node-latents")
@@ -85,8 +85,8 @@ class MemoryConfig:
     def __post_init__(self) -> None:
         if self.processor_remat not in REMAT_KINDS:
             invalid(self, "processor_remat", "one of " + ", ".join(REMAT_KINDS))
-        if not is_int(self.remat_group_size) or self.remat_group_size < 1:
-            invalid(self, "remat_group_size", "an integer >= 1")
+        if not is_int(self.remat_group_size) or not 1 <= self.remat_group_size <= MAX_INT32:
+            invalid(self, "remat_group_size", f"an integer >= 1 (and <= {MAX_INT32})")
         r = self.remat_ratio
         if not is_number(r) or not 0 <= r <= 1:
             invalid(self, "remat_ratio", "a number in [0, 1]")
@@ -98,16 +98,18 @@ class MemoryConfig:
             if not isinstance(getattr(self, field), bool):
                 invalid(self, field, "True or False")
         if self.edge_block_size is not None and (
-                not is_int(self.edge_block_size) or self.edge_block_size < 1):
-            invalid(self, "edge_block_size", "None or an integer >= 1")
+                not is_int(self.edge_block_size) or not 1 <= self.edge_block_size <= MAX_INT32):
+            invalid(self, "edge_block_size", f"None or an integer >= 1 (and <= {MAX_INT32})")
         if self.processor_edge_blocks and self.edge_block_size is None:
             invalid(self, "processor_edge_blocks", "needs edge_block_size to be set")
         if self.stream_grid_nodes and self.edge_block_size is None:
             invalid(self, "stream_grid_nodes", "needs edge_block_size to be set")
         if self.precision not in PRECISIONS:
             invalid(self, "precision", "one of " + ", ".join(PRECISIONS))
-        if not is_int(self.microbatches) or self.microbatches < 1:
-            invalid(self, "microbatches", "an integer >= 1")
+        if not is_int(self.microbatches) or not 1 <= self.microbatches <= MAX_INT32:
+            invalid(self, "microbatches", f"an integer >= 1 (and <= {MAX_INT32})")
+        normalise_numbers(self, ("remat_group_size", "edge_block_size", "microbatches"),
+                          ("remat_ratio",))
 
     def replace(self, **changes) -> "MemoryConfig":
         return dataclasses.replace(self, **changes)

@@ -30,6 +30,7 @@ import dataclasses
 import json
 import math
 import zipfile
+import zlib
 from pathlib import Path
 from typing import Optional
 
@@ -37,7 +38,7 @@ import jax
 import numpy as np
 from scipy.spatial import cKDTree
 
-from gclab.config import ModelConfig
+from gclab.config import ConfigError, ModelConfig, is_int, is_number
 from gclab.geometry.graphs import build_graphs
 from gclab.geometry.grid_mesh import grid_positions, nearest_flat_faces, point_triangle_distance
 from gclab.geometry.icosahedral import multimesh
@@ -97,6 +98,8 @@ def load_fixture(path) -> Fixture:
       FixtureError: the file is missing, not an `.npz`, lacks keys, or is inconsistent.
     """
     path = Path(path)
+    if path.is_dir():
+        raise FixtureError(f"{path}: is a folder, not an .npz fixture")
     if not path.is_file():
         raise FixtureError(f"fixture not found: {path}")
     if not zipfile.is_zipfile(path):
@@ -104,13 +107,17 @@ def load_fixture(path) -> Fixture:
     try:
         with np.load(path, allow_pickle=False) as data:
             arrays = {k: data[k] for k in data.files}
-    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as e:
-        raise FixtureError(f"{path}: not a readable .npz fixture ({e})") from None
+    except (OSError, ValueError, zipfile.BadZipFile, EOFError, zlib.error) as e:
+        raise FixtureError(f"{path}: not a readable .npz fixture, damaged or truncated "
+                           f"({e})") from None
     missing = [k for k in REQUIRED_KEYS if k not in arrays]
     if missing:
         raise FixtureError(f"{path}: missing keys {', '.join(missing)}")
-    official = flat_to_nested(arrays, "param::")
-    perturbed = flat_to_nested(arrays, "pparam::")
+    try:
+        official = flat_to_nested(arrays, "param::")
+        perturbed = flat_to_nested(arrays, "pparam::")
+    except ValueError as e:
+        raise FixtureError(f"{path}: {e}") from None
     if not official or not perturbed:
         raise FixtureError(f"{path}: needs both 'param::' and 'pparam::' parameter sets")
     try:
@@ -118,27 +125,17 @@ def load_fixture(path) -> Fixture:
         pparams = from_official(perturbed)
     except ValueError as e:
         raise FixtureError(f"{path}: {e}") from None
-    sidecar = None
-    json_path = path.with_suffix(".json")
-    if json_path.is_file():
-        try:
-            sidecar = json.loads(json_path.read_text())
-        except json.JSONDecodeError as e:
-            raise FixtureError(f"{json_path}: not valid JSON ({e})") from None
-
-    inputs = arrays["inputs"]
-    if inputs.ndim != 3:
-        raise FixtureError(f"{path}: inputs must be [G, B, C_in], got {inputs.shape}")
-    n_grid, batch, data_channels = inputs.shape
-    grid_lat, grid_lon = arrays["grid_lat"], arrays["grid_lon"]
-    if n_grid != grid_lat.size * grid_lon.size:
-        raise FixtureError(f"{path}: inputs have {n_grid} grid nodes, the grid "
-                           f"{grid_lat.size} x {grid_lon.size}")
-    resolution = float(grid_lat[1] - grid_lat[0]) if grid_lat.size > 1 else float("nan")
-    n_mesh = arrays["feat_mesh_nodes"].shape[0]
-    splits = round(math.log((n_mesh - 2) / 10, 4)) if n_mesh > 2 else -1
-    if splits < 0 or 10 * 4**splits + 2 != n_mesh:
-        raise FixtureError(f"{path}: {n_mesh} mesh nodes is not an icosahedral mesh")
+    sidecar = _read_sidecar(path.with_suffix(".json"))
+    resolution, n_grid, n_mesh = _check_arrays(path, arrays)
+    _, batch, data_channels = arrays["inputs"].shape
+    if sidecar is not None:
+        ties = sidecar.get("graph", {}).get("tie_diagnostics", {}).get(
+            "m2g_grid_nodes_on_face_boundary_indices", [])
+        if any(not 0 <= i < n_grid for i in ties):
+            raise FixtureError(f"{path.with_suffix('.json')}: graph.tie_diagnostics."
+                               f"m2g_grid_nodes_on_face_boundary_indices must be grid nodes "
+                               f"in 0..{n_grid - 1}")
+    splits = round(math.log((n_mesh - 2) / 10, 4))
     try:
         enc = params["grid2mesh_gnn/encoder_edges_grid2mesh_mlp/~/linear_0"]["w"]
         steps = params["mesh_gnn/processor_edges_mesh_mlp/~/linear_0"]["w"].shape[0]
@@ -176,6 +173,122 @@ def load_fixture(path) -> Fixture:
             raise FixtureError(f"{path}: {key} has shape {arrays[key].shape}, expected {want}")
     return Fixture(path, arrays, config, int(data_channels), int(out_w.shape[-1]), int(batch),
                    params, pparams, sidecar)
+
+
+def _read_sidecar(json_path: Path) -> Optional[dict]:
+    """The fixture's JSON sidecar (None if there is none), checked for the keys gclab reads."""
+    if not json_path.exists():
+        return None
+
+    def fail(what: str):
+        raise FixtureError(f"{json_path}: {what}")
+
+    try:
+        sidecar = json.loads(json_path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        fail(f"not valid JSON ({e})")
+    except (OSError, UnicodeDecodeError) as e:
+        fail(f"not a readable JSON text file ({type(e).__name__}: {e})")
+    if not isinstance(sidecar, dict):
+        fail(f"must hold a JSON object, not a {type(sidecar).__name__}")
+    for key in ("config", "graph"):
+        if not isinstance(sidecar.get(key, {}), dict):
+            fail(f"'{key}' must be a JSON object, not {sidecar[key]!r}")
+    cfg = sidecar.get("config", {})
+    for field in ("radius_query_fraction_edge_length", "mesh2grid_edge_normalization_factor"):
+        value = cfg.get(field)
+        if value is None:
+            continue
+        try:
+            if not is_number(value):
+                raise ConfigError("ModelConfig", field, value, "a finite number > 0")
+            ModelConfig(**{field: value})
+        except ConfigError as e:
+            fail(f"config.{field}={value!r} is invalid: {e.allowed}")
+    diag = sidecar.get("graph", {}).get("tie_diagnostics", {})
+    if not isinstance(diag, dict):
+        fail(f"graph.tie_diagnostics must be a JSON object, not {diag!r}")
+    ties = diag.get("m2g_grid_nodes_on_face_boundary_indices", [])
+    if not isinstance(ties, list) or not all(is_int(i) for i in ties):
+        fail("graph.tie_diagnostics.m2g_grid_nodes_on_face_boundary_indices must be a list "
+             "of grid node indices")
+    return sidecar
+
+
+# Edge sets of a fixture: (key prefix, what senders index, what receivers index).
+_FIXTURE_EDGES = (("g2m", "grid", "mesh"), ("mesh", "mesh", "mesh"), ("m2g", "mesh", "grid"))
+
+
+def _check_arrays(path: Path, arrays: dict) -> tuple[float, int, int]:
+    """Checks a fixture's arrays against each other before any of them is used.
+
+    Returns:
+      `(resolution, grid nodes, mesh nodes)`.
+
+    Raises:
+      FixtureError: naming the file, the array and what is wrong with it.
+    """
+
+    def fail(what: str):
+        raise FixtureError(f"{path}: {what}")
+
+    for key in REQUIRED_KEYS:
+        a = arrays[key]
+        integer = key.endswith(("_senders", "_receivers"))
+        if a.dtype.kind not in ("iu" if integer else "f"):
+            fail(f"{key} must hold {'integers' if integer else 'floating-point numbers'}, "
+                 f"not {a.dtype}")
+        if not integer and not np.isfinite(a).all():
+            fail(f"{key} holds NaN or infinite values")
+    for key, a in arrays.items():
+        if key.startswith(("param::", "pparam::")) and (
+                a.dtype.kind != "f" or not np.isfinite(a).all()):
+            fail(f"{key} must hold finite floating-point numbers")
+    lat, lon = arrays["grid_lat"], arrays["grid_lon"]
+    if lat.ndim != 1 or lat.size < 2:
+        fail(f"grid_lat must list at least 2 latitudes (-90 and 90), got shape {lat.shape}")
+    if np.isclose(lat[0], 90) and np.isclose(lat[-1], -90):
+        fail("grid_lat descends from 90 to -90; gclab's grids ascend from -90 to 90")
+    if not np.allclose(lat, np.linspace(-90.0, 90.0, lat.size), rtol=0, atol=1e-6):
+        fail(f"grid_lat must ascend evenly from -90 to 90 (pole-inclusive), got {lat.size} "
+             f"values from {lat[0]:g} to {lat[-1]:g}")
+    resolution = float(lat[1] - lat[0])
+    try:
+        model = ModelConfig(resolution=resolution)
+    except ConfigError as e:
+        fail(f"grid_lat's spacing of {resolution:g} deg is invalid: {e.allowed}")
+    if lon.shape != (model.n_lon,) or not np.allclose(
+            lon, np.arange(model.n_lon) * resolution, rtol=0, atol=1e-6):
+        fail(f"grid_lon must be the {model.n_lon} longitudes 0, {resolution:g}, ..., "
+             f"{360 - resolution:g} of a {resolution:g} deg grid, got shape {lon.shape}")
+    n_grid = model.num_grid_nodes
+    inputs = arrays["inputs"]
+    if inputs.ndim != 3 or inputs.shape[0] != n_grid or 0 in inputs.shape:
+        fail(f"inputs must be [G, B, C_in] with G = {n_grid} grid nodes ({model.n_lat} x "
+             f"{model.n_lon}) and B, C_in >= 1, got {inputs.shape}")
+    feats = arrays["feat_mesh_nodes"]
+    n_mesh = feats.shape[0] if feats.ndim == 2 else 0
+    nodes = {"grid": n_grid, "mesh": n_mesh}
+    splits = round(math.log((n_mesh - 2) / 10, 4)) if n_mesh > 2 else -1
+    if splits < 0 or 10 * 4**splits + 2 != n_mesh:
+        fail(f"{n_mesh} mesh nodes (feat_mesh_nodes) is not an icosahedral mesh")
+    for key, rows in (("feat_grid_nodes", n_grid), ("feat_mesh_nodes", n_mesh)):
+        if arrays[key].shape != (rows, 3):
+            fail(f"{key} must have shape ({rows}, 3), got {arrays[key].shape}")
+    for prefix, sender_kind, receiver_kind in _FIXTURE_EDGES:
+        s, r = arrays[f"{prefix}_senders"], arrays[f"{prefix}_receivers"]
+        f = arrays[f"feat_{prefix}_edges"]
+        if s.ndim != 1 or r.shape != s.shape or f.shape != (s.size, 4):
+            fail(f"{prefix}_senders, {prefix}_receivers and feat_{prefix}_edges must have "
+                 f"shapes (E,), (E,), (E, 4), got {s.shape}, {r.shape}, {f.shape}")
+        for name, idx, kind in (("senders", s, sender_kind), ("receivers", r, receiver_kind)):
+            if idx.size and not (0 <= idx.min() and idx.max() < nodes[kind]):
+                fail(f"{prefix}_{name} must index {kind} nodes 0..{nodes[kind] - 1}, got "
+                     f"values from {idx.min()} to {idx.max()}")
+    if arrays["m2g_senders"].size != 3 * n_grid:
+        fail(f"m2g_senders must hold 3 edges per grid node ({3 * n_grid}), got "
+             f"{arrays['m2g_senders'].size}")
+    return resolution, n_grid, n_mesh
 
 
 def _infer_radius_fraction(arrays: dict, splits: int) -> float:

@@ -51,7 +51,7 @@ from typing import Any, Optional
 import jax
 import jax.numpy as jnp
 
-from gclab.config import STRUCTURAL_EDGE_FEATURES, ModelConfig, TaskConfig
+from gclab.config import MAX_INT32, STRUCTURAL_EDGE_FEATURES, ModelConfig, TaskConfig, is_int
 from gclab.geometry.graphs import graphs_for
 from gclab.measure.compiled import compiled_memory
 from gclab.memory.blocks import balanced_block
@@ -292,6 +292,27 @@ def _processor(model: ModelConfig, memory: MemoryConfig, c: GraphCounts) -> tupl
     return groups * boundary, k * boundary  # nested
 
 
+def check_step_arguments(model: Any, task: Any, memory: Any, batch: Any, rollout: Any,
+                         caller: str) -> None:
+    """Checks the arguments that describe one training step (as `estimate` and `plan` take).
+
+    Raises:
+      ValueError: naming `caller`, the argument and what is allowed.
+    """
+    for name, value, kind in (("model", model, ModelConfig), ("task", task, TaskConfig),
+                              ("memory", memory, MemoryConfig)):
+        if not isinstance(value, kind):
+            raise ValueError(f"{caller}: {name} must be a {kind.__name__}, not a "
+                             f"{type(value).__name__}")
+    for name, value in (("batch", batch), ("rollout", rollout)):
+        if not is_int(value) or not 1 <= value <= MAX_INT32:
+            raise ValueError(f"{caller}: {name}={value!r} is invalid: an integer >= 1 "
+                             f"(and <= {MAX_INT32})")
+    if batch % memory.microbatches:
+        raise ValueError(f"{caller}: batch={batch} is invalid: it must be a multiple of "
+                         f"MemoryConfig.microbatches={memory.microbatches}")
+
+
 def estimate(model: ModelConfig, task: TaskConfig, memory: Optional[MemoryConfig] = None,
              *, batch: int = 1, rollout: int = 1, counts: Optional[GraphCounts] = None,
              activation_bytes: Optional[int] = None) -> MemoryEstimate:
@@ -309,8 +330,13 @@ def estimate(model: ModelConfig, task: TaskConfig, memory: Optional[MemoryConfig
 
     Returns:
       A `MemoryEstimate`.
+
+    Raises:
+      ValueError: an argument of the wrong kind, a batch or rollout that is not an integer
+        >= 1, or a batch that the micro-batches do not divide.
     """
     mem = memory or MemoryConfig()
+    check_step_arguments(model, task, mem, batch, rollout, "estimate")
     c = counts or GraphCounts.for_model(model)
     u = activation_bytes or (2 if mem.precision == "bf16" else 4)
     L = model.latent_size

@@ -27,9 +27,9 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import Bounds, LinearConstraint, milp
 
-from gclab.config import ModelConfig, TaskConfig
+from gclab.config import ModelConfig, TaskConfig, is_number
 from gclab.measure.compiled import format_bytes
-from gclab.memory.config import RECIPES, MemoryConfig
+from gclab.memory.config import PRECISIONS, RECIPES, MemoryConfig
 from gclab.sizing import analytical
 from gclab.sizing.step import StepSpec, train_step_memory
 
@@ -39,9 +39,12 @@ CARDS = {"T4": 16 * GB, "L4": 24 * GB, "A100-40GB": 40 * GB, "A100-80GB": 80 * G
          "H100": 80 * GB}
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
           "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+#: Largest budget accepted: 1 PiB, over ten thousand times the largest card in `CARDS`.
+MAX_BUDGET = 2**50
 BUDGET_HELP = ("a number of bytes (e.g. 1000000), a number with a unit (B, KB, MB, GB, TB "
                "for powers of 1000; KiB, MiB, GiB, TiB for powers of 1024; e.g. '16GiB', "
-               "'12GB', '500MiB'), or a card: " + ", ".join(CARDS))
+               "'12GB', '500MiB'), or a card: " + ", ".join(CARDS)
+               + "; from 1 B to 1 PiB")
 #: Auto mode compiles only grids up to this many nodes (2 deg: 16,380; 1 deg takes tens
 #: of seconds per compile, 0.25 deg minutes).
 AUTO_COMPILE_MAX_GRID_NODES = 70_000  # up to 1 deg: a compile takes seconds
@@ -59,23 +62,21 @@ def parse_budget(budget: Union[int, float, str]) -> int:
     Raises:
       ValueError: an unknown card, unit or malformed string (names the accepted forms).
     """
-    if isinstance(budget, bool):
-        raise ValueError(f"bad budget {budget!r}; accepted: {BUDGET_HELP}")
-    if isinstance(budget, (int, float, np.integer, np.floating)):
-        if not budget > 0 or math.isinf(budget):
-            raise ValueError(f"bad budget {budget!r}; accepted: {BUDGET_HELP}")
-        return int(budget)
-    if isinstance(budget, str):
+    value = None
+    if is_number(budget):
+        value = float(budget)
+    elif isinstance(budget, str):
         text = budget.strip()
         for name, size in CARDS.items():
             if text.lower() == name.lower():
                 return size
-        m = re.fullmatch(r"(\d+(?:\.\d*)?|\.\d+)(?:e(\d+))?\s*([A-Za-z]*)", text)
+        m = re.fullmatch(r"(\d+(?:\.\d*)?|\.\d+)(?:[eE](\d+))?\s*([A-Za-z]*)", text)
         if m and m.group(3).upper() in _UNITS:
             value = float(m.group(1) + (f"e{m.group(2)}" if m.group(2) else ""))
-            if value > 0:
-                return int(value * _UNITS[m.group(3).upper()])
-    raise ValueError(f"bad budget {budget!r}; accepted: {BUDGET_HELP}")
+            value *= _UNITS[m.group(3).upper()]
+    if value is None or not 1 <= value <= MAX_BUDGET:  # NaN and inf fail too
+        raise ValueError(f"bad budget {budget!r}; accepted: {BUDGET_HELP}")
+    return int(value)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -260,7 +261,11 @@ def plan(budget: Union[int, float, str], model: ModelConfig, task: TaskConfig, *
       ValueError: a bad budget or argument.
     """
     total = parse_budget(budget)
-    if not 0 < headroom <= 1:
+    analytical.check_step_arguments(model, task, MemoryConfig(), batch, rollout, "plan")
+    if precision not in PRECISIONS:
+        raise ValueError(f"plan: precision={precision!r} is invalid: one of "
+                         + ", ".join(PRECISIONS))
+    if not is_number(headroom) or not 0 < headroom <= 1:
         raise ValueError(f"headroom={headroom!r} is invalid: a number in (0, 1]")
     if use_compiled not in (True, False, "auto"):
         raise ValueError(f"use_compiled={use_compiled!r} is invalid: True, False or 'auto'")

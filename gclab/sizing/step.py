@@ -19,18 +19,22 @@ import jax.numpy as jnp
 import numpy as np
 
 from gclab import training
-from gclab.config import ModelConfig, TaskConfig
+from gclab.config import MAX_INT32, ModelConfig, TaskConfig, is_int
 from gclab.geometry.graphs import Graphs, graphs_for
+from gclab.limits import MAX_PLANNED_BYTES, host_memory_bytes, require_fits
 from gclab.measure.compiled import CompiledMemory, compile_timed, memory_of_compiled
 from gclab.measure.timeline import compile_with_timeline
 from gclab.memory.config import MemoryConfig, recipe_name
 from gclab.model.graphcast import graph_inputs, make_network, param_shapes
-from gclab.sizing.analytical import param_count
+from gclab.sizing.analytical import GraphCounts, estimate, param_count
 
 
 @dataclasses.dataclass(frozen=True)
 class StepSpec:
-    """One training step: model, task, memory techniques, batch size, rollout length."""
+    """One training step: model, task, memory techniques, batch size, rollout length.
+
+    Batch and rollout are integers in 1..`MAX_INT32` (numpy integers are stored as int).
+    """
     model: ModelConfig
     task: TaskConfig
     memory: MemoryConfig = MemoryConfig()
@@ -38,10 +42,18 @@ class StepSpec:
     rollout: int = 1
 
     def __post_init__(self) -> None:
+        for field, kind in (("model", ModelConfig), ("task", TaskConfig),
+                            ("memory", MemoryConfig)):
+            v = getattr(self, field)
+            if not isinstance(v, kind):
+                raise ValueError(f"StepSpec.{field} is invalid: a {kind.__name__}, not a "
+                                 f"{type(v).__name__}.")
         for field in ("batch", "rollout"):
             v = getattr(self, field)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                raise ValueError(f"StepSpec.{field}={v!r} is invalid: an integer >= 1.")
+            if not is_int(v) or not 1 <= v <= MAX_INT32:
+                raise ValueError(f"StepSpec.{field}={v!r} is invalid: an integer >= 1 "
+                                 f"(and <= {MAX_INT32}).")
+            object.__setattr__(self, field, int(v))
         if self.batch % self.memory.microbatches:
             raise ValueError(f"StepSpec.batch={self.batch} is invalid: it must be a multiple "
                              f"of MemoryConfig.microbatches={self.memory.microbatches}.")
@@ -67,10 +79,18 @@ class StepSpec:
 
     @classmethod
     def from_json(cls, record: dict) -> "StepSpec":
-        """The spec of a `to_json` dict."""
-        task = TaskConfig(tuple(record["levels"]), record["precipitation_input"])
-        return cls(ModelConfig(**record["model"]), task, MemoryConfig(**record["memory"]),
-                   record["batch"], record["rollout"])
+        """The spec of a `to_json` dict.
+
+        Raises:
+          ValueError: `record` is not a `to_json` dict (missing or unknown keys, bad values).
+        """
+        try:
+            task = TaskConfig(tuple(record["levels"]), record["precipitation_input"])
+            return cls(ModelConfig(**record["model"]), task, MemoryConfig(**record["memory"]),
+                       record["batch"], record["rollout"])
+        except (KeyError, TypeError) as e:
+            raise ValueError(f"not a StepSpec.to_json() record ({type(e).__name__}: {e})"
+                             ) from None
 
     def title(self) -> str:
         m = self.model
@@ -146,6 +166,37 @@ class CompiledStep:
     run: Optional[Callable[[], None]] = None
 
 
+def estimate_step_bytes(spec: StepSpec, graphs: Optional[Graphs] = None) -> int:
+    """The modelled total bytes of one training step (`gclab.sizing.analytical.estimate`)."""
+    graphs = graphs if graphs is not None else graphs_for(spec.model)
+    counts = GraphCounts.for_model(spec.model, graphs.grid2mesh.num_edges)
+    return estimate(spec.model, spec.task, spec.memory, batch=spec.batch, rollout=spec.rollout,
+                    counts=counts, activation_bytes=4).total_bytes
+
+
+def device_memory_bytes() -> Optional[int]:
+    """Memory of the default device: its allocator's limit, or on CPU the host's memory."""
+    device = jax.devices()[0]
+    try:
+        stats = device.memory_stats() or {}
+    except Exception:  # noqa: BLE001 - some backends raise instead of returning None
+        stats = {}
+    limit = stats.get("bytes_limit")
+    return int(limit) if limit else host_memory_bytes()
+
+
+def check_step_size(spec: StepSpec, graphs: Optional[Graphs] = None) -> None:
+    """Refuses, before compiling, a step too large for XLA to plan.
+
+    Raises:
+      gclab.limits.TooLarge: the modelled total (`estimate_step_bytes`) is beyond
+        `gclab.limits.MAX_PLANNED_BYTES`, where XLA's byte counts could overflow and abort.
+    """
+    require_fits(f"one training step of {spec.title()}", estimate_step_bytes(spec, graphs),
+                 MAX_PLANNED_BYTES, "what gclab asks XLA to plan (XLA counts bytes in 64-bit "
+                 "integers and aborts on overflow)")
+
+
 def compile_train_step(spec: StepSpec, graphs: Optional[Graphs] = None, *,
                        timeline: bool = False, live: bool = False,
                        seed: int = 0) -> CompiledStep:
@@ -161,11 +212,17 @@ def compile_train_step(spec: StepSpec, graphs: Optional[Graphs] = None, *,
 
     Returns:
       A `CompiledStep`.
+
+    Raises:
+      gclab.limits.TooLarge: before compiling, a step too large to plan
+        (`check_step_size`); with `live`, before allocating, a compiled step larger than
+        the device's memory (`device_memory_bytes`).
     """
+    if not isinstance(spec, StepSpec):
+        raise ValueError(f"spec must be a StepSpec, not a {type(spec).__name__}")
     graphs = graphs if graphs is not None else graphs_for(spec.model)
+    check_step_size(spec, graphs)
     step, args = train_step_abstract(spec, graphs)
-    if live:
-        args = _random_args(args, graphs, seed)
     donate = (0,) if spec.memory.donate else ()
     options = None if live else plan_only_options()
     lines = None
@@ -178,7 +235,11 @@ def compile_train_step(spec: StepSpec, graphs: Optional[Graphs] = None, *,
                                           compiler_options=options)
     m = memory_of_compiled(compiled, seconds)
     memory = StepMemory(**dataclasses.asdict(m), num_params=param_count(spec.model, spec.task))
-    return CompiledStep(spec, memory, lines, _runner(compiled, args) if live else None)
+    if not live:
+        return CompiledStep(spec, memory, lines)
+    require_fits(f"running one training step of {spec.title()}", memory.total_bytes,
+                 device_memory_bytes(), f"this {jax.default_backend()} device's memory")
+    return CompiledStep(spec, memory, lines, _runner(compiled, _random_args(args, graphs, seed)))
 
 
 def plan_only_options() -> Optional[dict]:

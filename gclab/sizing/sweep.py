@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
+import warnings
 from pathlib import Path
 from typing import Iterable, Optional, Sequence, Union
 
@@ -32,7 +34,8 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 import gclab
-from gclab.config import ModelConfig, TaskConfig
+from gclab.config import ModelConfig, TaskConfig, is_int, is_number
+from gclab.files import CacheWarning, atomic_path, check_writable_folder, write_text_atomic
 from gclab.measure.peak import measure_peak
 from gclab.measure.timing import median_seconds
 from gclab.memory.config import MemoryConfig, get_recipe
@@ -61,7 +64,22 @@ def grid(model: ModelConfig, latent_sizes: Iterable[int], steps_list: Iterable[i
 
     Returns:
       `StepSpec`s, steps-major, then latent, then technique.
+
+    Raises:
+      ValueError: an empty list, a value that is not an integer >= 1, or an unknown
+        technique.
     """
+    if not isinstance(model, ModelConfig):
+        raise ValueError(f"grid: model must be a ModelConfig, not a {type(model).__name__}")
+    latent_sizes, steps_list = list(latent_sizes), list(steps_list)
+    for name, values in (("latent_sizes", latent_sizes), ("steps_list", steps_list)):
+        if not values or not all(is_int(v) and v >= 1 for v in values):
+            raise ValueError(f"grid: {name}={values!r} is invalid: a non-empty list of "
+                             "integers >= 1")
+    techniques = [techniques] if isinstance(techniques, (str, MemoryConfig)) else list(
+        techniques)
+    if not techniques:
+        raise ValueError("grid: techniques is empty: give recipe names or MemoryConfigs")
     task = task or TaskConfig.from_levels(13)
     memories = [t if isinstance(t, MemoryConfig) else get_recipe(t, precision or "f32")
                 for t in techniques]
@@ -138,15 +156,57 @@ def _one(spec: StepSpec, measure: str, timeout: float, repeats: int) -> dict:
     return row
 
 
-def _read_cached(path: Optional[Path]) -> Optional[dict]:
-    """A cached row, or None when there is none or it is damaged (then it is recomputed)."""
+def _is_count(v) -> bool:
+    return is_int(v) and v >= 0
+
+
+def _is_seconds(v) -> bool:
+    return is_number(v) and math.isfinite(v) and v >= 0
+
+
+#: What a cached row of each measure holds: (column, check). None is allowed where
+#: the row's status is not `ok`.
+_ROW_COLUMNS = {
+    "compiled": [(c, _is_count) for c in (*BYTE_COLUMNS, "alias_bytes")]
+    + [("compile_seconds", _is_seconds)],
+    "measured": [("peak_bytes", _is_count),
+                 ("peak_rss_bytes", lambda v: v is None or _is_count(v)),
+                 ("step_seconds", _is_seconds), ("measure_status", lambda v: isinstance(v, str)),
+                 ("measure_message", lambda v: isinstance(v, str))],
+}
+_ROW_COLUMNS["timed"] = _ROW_COLUMNS["compiled"] + [("step_seconds", _is_seconds)]
+_ROW_COLUMNS["both"] = _ROW_COLUMNS["compiled"] + _ROW_COLUMNS["measured"]
+
+
+def _row_problem(row, measure: str) -> Optional[str]:
+    """What is wrong with a cached row of `measure` (None if nothing)."""
+    if not isinstance(row, dict):
+        return f"a JSON {type(row).__name__}, not an object"
+    if not isinstance(row.get("status"), str) or not isinstance(row.get("message"), str):
+        return "no 'status' and 'message' strings"
+    for column, ok in _ROW_COLUMNS[measure]:
+        value = row.get(column)
+        if not (ok(value) or (value is None and row["status"] != "ok")):
+            return f"{column}={value!r}"
+    return None
+
+
+def _read_cached(path: Optional[Path], measure: str) -> Optional[dict]:
+    """A cached row, or None when there is none or it is damaged (then it is recomputed,
+    with a `gclab.files.CacheWarning`)."""
     if path is None or not path.exists():
         return None
     try:
-        row = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-    return row if isinstance(row, dict) and isinstance(row.get("status"), str) else None
+        row = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        problem = f"{type(e).__name__}: {e}"
+    else:
+        problem = _row_problem(row, measure)
+        if problem is None:
+            return row
+    warnings.warn(f"sweep cache row {path} is damaged ({problem}); computing it again",
+                  CacheWarning, stacklevel=3)
+    return None
 
 
 def sweep(specs: Sequence[StepSpec], *, measure: str = "compiled",
@@ -171,31 +231,40 @@ def sweep(specs: Sequence[StepSpec], *, measure: str = "compiled",
       `status`, `message`, `cached`, and the versions.
 
     Raises:
-      ValueError: an unknown `measure`, or `specs` holding anything but `StepSpec`s.
+      ValueError: an unknown `measure`, `specs` holding anything but `StepSpec`s (or none),
+        a `cache_path` that is not a writable folder, or a bad `timeout` / `repeats`.
     """
     if measure not in MEASURES:
         raise ValueError(f"measure={measure!r} is invalid: one of {', '.join(MEASURES)}")
+    specs = list(specs)
+    if not specs:
+        raise ValueError("specs is empty: nothing to sweep")
     for spec in specs:
         if not isinstance(spec, StepSpec):
             raise ValueError(f"specs must be StepSpecs (see gclab.sizing.sweep.grid), got "
                              f"{type(spec).__name__}")
+    if not is_number(timeout) or not 0 < timeout < math.inf:
+        raise ValueError(f"timeout={timeout!r} is invalid: a finite number of seconds > 0")
+    if not is_int(repeats) or repeats < 1:
+        raise ValueError(f"repeats={repeats!r} is invalid: an integer >= 1")
     folder = Path(cache_path) if cache_path is not None else None
     if folder is not None:
+        if folder.exists() and not folder.is_dir():
+            raise ValueError(f"cache_path {folder}: not a folder")
         folder.mkdir(parents=True, exist_ok=True)
+        check_writable_folder(folder, what=f"cache_path {folder}")
     vers = versions()
     rows = []
     for spec in tqdm(specs, disable=not progress, desc="sweep"):
         path = folder / f"{cache_key(spec, measure, repeats)}.json" if folder else None
-        result = _read_cached(path)
+        result = _read_cached(path, measure)
         if result is not None:
             result["cached"] = True
         else:
             result = _one(spec, measure, timeout, repeats)
             result["cached"] = False
             if path is not None and result["status"] != "error":
-                tmp = path.with_suffix(".tmp")
-                tmp.write_text(json.dumps(result, default=str))
-                os.replace(tmp, path)  # never a half-written row
+                write_text_atomic(path, json.dumps(result, default=str))
         row = {**spec.describe(), "technique": spec.technique(),
                "num_params": param_count(spec.model, spec.task)}
         for col in (*BYTE_COLUMNS, "compile_seconds", "step_seconds", "peak_bytes"):
@@ -207,15 +276,18 @@ def sweep(specs: Sequence[StepSpec], *, measure: str = "compiled",
 
 
 def save_sweep(df: pd.DataFrame, path: Union[str, os.PathLike]) -> Path:
-    """Writes a sweep as JSON records (`.json`) or CSV (`.csv`), atomically."""
+    """Writes a sweep as CSV (`.csv`) or JSON records (any other name), atomically.
+
+    The folder is created if missing; the file appears only once complete
+    (`gclab.files.atomic_path`).
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    if path.suffix == ".csv":
-        df.to_csv(tmp, index=False)
-    else:
-        tmp.write_text(df.to_json(orient="records", indent=1))
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        if path.suffix.lower() == ".csv":
+            df.to_csv(tmp, index=False)
+        else:
+            tmp.write_text(df.to_json(orient="records", indent=1), encoding="utf-8")
     return path
 
 

@@ -40,12 +40,15 @@ import numpy as np
 
 from gclab.config import (
     ATMOSPHERIC_VARIABLES,
+    MAX_INT32,
     NUM_FORCINGS,
     NUM_STATICS,
     SURFACE_VARIABLES,
     ModelConfig,
     TaskConfig,
+    is_int,
 )
+from gclab.limits import host_memory_bytes, require_fits
 from gclab.training.examples import Example, input_variable_channels, residual_channels
 
 HOURS_PER_FRAME = 6.0
@@ -236,16 +239,30 @@ class SyntheticWeather:
         `gclab.geometry.build_graphs` at this resolution.
 
     Raises:
-      ValueError: an invalid resolution, seed or basis (the message names the field).
+      ValueError: an invalid task, resolution, seed or basis (the message names the field).
+      gclab.limits.TooLarge: the fields would not fit in this machine's memory.
     """
 
     def __init__(self, task: TaskConfig, resolution: float, seed: int = 0,
                  basis: int = 24) -> None:
-        model = ModelConfig(resolution=resolution)  # validates the resolution
-        if isinstance(basis, bool) or not isinstance(basis, int) or basis < 1:
-            raise ValueError(f"SyntheticWeather.basis={basis!r} is invalid: an integer >= 1.")
-        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        if not isinstance(task, TaskConfig):
+            raise ValueError(f"SyntheticWeather.task is invalid: a TaskConfig, not a "
+                             f"{type(task).__name__}.")
+        try:
+            model = ModelConfig(resolution=resolution)
+        except ValueError as e:
+            raise ValueError(str(e).replace("ModelConfig.", "SyntheticWeather.")) from None
+        if not is_int(basis) or not 1 <= basis <= 4096:
+            raise ValueError(f"SyntheticWeather.basis={basis!r} is invalid: an integer in "
+                             "1..4096.")
+        if not is_int(seed) or seed < 0:
             raise ValueError(f"SyntheticWeather.seed={seed!r} is invalid: an integer >= 0.")
+        # float64 [Ng, K] envelope and its t = 0 field, [Ng] coordinates, [Ng, 2] statics.
+        require_fits(f"synthetic weather on a {resolution:g} deg grid "
+                     f"({model.num_grid_nodes:,} nodes) with {basis} basis fields",
+                     8 * model.num_grid_nodes * (3 * basis + 8), host_memory_bytes(),
+                     "this machine's memory")
+        basis, seed = int(basis), int(seed)
         self.task, self.resolution, self.seed, self.basis = task, resolution, seed, basis
         lat = np.deg2rad(np.linspace(-90.0, 90.0, model.n_lat))  # [n_lat]
         lon = np.deg2rad(np.arange(model.n_lon) * resolution)  # [n_lon]
@@ -394,8 +411,15 @@ class SyntheticWeather:
         is t - 1, so `start` >= 1).
         """
         for name, v in (("batch", batch), ("rollout", rollout), ("start", start)):
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-                raise ValueError(f"make_batch {name}={v!r} is invalid: an integer >= 1.")
+            if not is_int(v) or not 1 <= v <= MAX_INT32:
+                raise ValueError(f"make_batch {name}={v!r} is invalid: an integer >= 1 "
+                                 f"(and <= {MAX_INT32}).")
+        ng, k, o = self.num_grid_nodes, self.basis, self.task.output_channels
+        frames = rollout + 2  # frames of one sample, float64 [T, Ng, K] basis and angles
+        require_fits(f"a batch of {batch} x {rollout} steps of synthetic weather on "
+                     f"{ng:,} grid nodes",
+                     8 * ng * (frames * (2 * k + 3 * o + 10) + 2 * batch * frames * (o + 5)),
+                     host_memory_bytes(), "this machine's memory")
         inputs, last, targets, forcings = [], [], [], []
         for b in range(batch):
             t0 = start + SAMPLE_SPACING * b
