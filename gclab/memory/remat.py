@@ -17,8 +17,10 @@ import functools
 from typing import Any, Callable
 
 import jax
+import jax.numpy as jnp
 
 from gclab.memory.config import MemoryConfig
+from gclab.memory.precision import residuals_as_bits
 
 # Names that `jax.ad_checkpoint.checkpoint_name` gives values a step may keep under the
 # `aggregated` and `node-latents` remat policies.
@@ -72,6 +74,8 @@ def scan_steps(step: Callable, carry: Any, stacked: Any, mem: MemoryConfig):
     def scan(body, carry, xs, offset, stride=1):
         # The scope names which steps the loop's iterations are (offset + k * stride,
         # relative to an enclosing step loop), for the timeline's step labels.
+        if any(a.dtype == jnp.bfloat16 for a in jax.tree_util.tree_leaves(carry)):
+            body = residuals_as_bits(body)
         with jax.named_scope(step_scope(offset, stride)):
             return jax.lax.scan(body, carry, xs)
 
