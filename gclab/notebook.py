@@ -216,7 +216,11 @@ def glue(name: str, value):
     Args:
       name: the key, unique in its notebook.
       value: a number (formatted in the text, e.g. ``{glue:text}`name:.2f```) or a string.
+        NumPy scalars are pasted as the Python numbers they hold (their repr,
+        ``np.float64(...)``, would not format).
     """
+    if hasattr(value, "item") and getattr(value, "ndim", None) == 0:
+        value = value.item()
     if myst_glue is not None:
         myst_glue(name, value, display=False)
     return value
