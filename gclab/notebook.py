@@ -24,6 +24,11 @@ from typing import Optional
 
 from gclab.config import ModelConfig
 
+try:
+    from myst_nb import glue as myst_glue
+except ImportError:  # a notebook outside the book's build (Colab): values are not pasted
+    myst_glue = None
+
 SCALES = ("cpu", "gpu", "big")
 BIG_CARD_BYTES = 60 * 2**30  # cards with at least this much memory run at `big`
 DATA_DIR = Path(__file__).resolve().parent.parent / "book" / "data"
@@ -199,3 +204,23 @@ def recorded(name: str, data_dir: Optional[Path] = None) -> Optional[dict]:
     if not isinstance(record, dict) or "hardware" not in record or "date" not in record:
         raise ValueError(f"{path}: a recording must name its 'hardware' and 'date'")
     return record
+
+
+def glue(name: str, value):
+    """Hands `value` to the chapter's prose, where ``{glue:text}`name``` pastes it; returns it.
+
+    It is myst-nb's `glue` without display, so that no number in the text is typed by hand:
+    the book's build pastes what the cell computed. Where myst-nb is not installed (Colab),
+    the value is only returned.
+
+    Args:
+      name: the key, unique in its notebook.
+      value: a number (formatted in the text, e.g. ``{glue:text}`name:.2f```) or a string.
+        NumPy scalars are pasted as the Python numbers they hold (their repr,
+        ``np.float64(...)``, would not format).
+    """
+    if hasattr(value, "item") and getattr(value, "ndim", None) == 0:
+        value = value.item()
+    if myst_glue is not None:
+        myst_glue(name, value, display=False)
+    return value

@@ -19,6 +19,9 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, MaxNLocator
 
+from gclab.geometry.graphs import Graphs
+from gclab.geometry.grid_mesh import xyz_to_lat_lon
+from gclab.geometry.icosahedral import Multimesh
 from gclab.measure.compiled import format_bytes
 from gclab.measure.residuals import ARGUMENTS_GROUP
 from gclab.measure.timeline import BACKWARD_PREFIX
@@ -28,8 +31,11 @@ __all__ = [
     "STAGE_COLORS",
     "STYLE",
     "bytes_axis",
+    "orthographic",
+    "plot_graph_neighbourhood",
     "plot_fit_chart",
     "plot_heatmap",
+    "plot_multimesh",
     "plot_residuals",
     "plot_timeline",
     "plot_tradeoff",
@@ -440,4 +446,108 @@ def plot_fit_chart(
         ax.set_title(title)
         plt.setp(ax.get_xticklabels(), rotation=30, ha="right")
         fig.tight_layout()
+    return fig
+
+
+# --------------------------------------------------------------------------- geometry
+
+#: Colour of each multimesh refinement level (level 0 first).
+LEVEL_COLORS: tuple[str, ...] = ("#d62728", "#ff7f0e", "#1f77b4", "#2ca02c", "#9467bd")
+
+
+def orthographic(xyz: np.ndarray, lat0: float = 30.0, lon0: float = 20.0
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """An orthographic view of points on the unit sphere, seen from (lat0, lon0).
+
+    Args:
+      xyz: [N, 3] unit vectors.
+      lat0: latitude of the view point (degrees).
+      lon0: longitude of the view point (degrees).
+
+    Returns:
+      x, y: [N] coordinates on the picture plane (east, north); visible: [N] bool, True
+      on the near hemisphere.
+    """
+    la, lo = np.deg2rad(lat0), np.deg2rad(lon0)
+    east = np.array([-np.sin(lo), np.cos(lo), 0.0])
+    north = np.array([-np.sin(la) * np.cos(lo), -np.sin(la) * np.sin(lo), np.cos(la)])
+    view = np.array([np.cos(la) * np.cos(lo), np.cos(la) * np.sin(lo), np.sin(la)])
+    return xyz @ east, xyz @ north, xyz @ view > 0
+
+
+def plot_multimesh(mesh: Multimesh, *, lat0: float = 30.0, lon0: float = 20.0) -> Figure:
+    """Each refinement level of a multimesh on the globe, then all levels together.
+
+    Edges are drawn as straight chords on the near hemisphere of an orthographic view,
+    one colour per level (`LEVEL_COLORS`), coarse levels thicker; in the last panel the
+    long coarse edges lie on top of the fine ones.
+
+    Args:
+      mesh: a multimesh (`gclab.geometry.multimesh`) of at most `len(LEVEL_COLORS) - 1`
+        splits.
+      lat0: latitude of the view point (degrees).
+      lon0: longitude of the view point (degrees).
+
+    Returns:
+      The figure: one axes per level, then one for the multimesh.
+    """
+    levels = len(mesh.faces_per_level)
+    x, y, visible = orthographic(mesh.vertices, lat0, lon0)
+    with style():
+        fig, axes = plt.subplots(1, levels + 1, figsize=(4 * (levels + 1), 4))
+        for i, ax in enumerate(axes):
+            last = min(i, levels - 1)
+            first = 0 if i == levels else last
+            for level in range(first, last + 1):
+                faces = mesh.faces_per_level[level]  # [F, 3]
+                s, r = faces.ravel(), np.roll(faces, -1, axis=1).ravel()  # each face's 3 edges
+                keep = visible[s] & visible[r]
+                ax.plot(np.stack([x[s][keep], x[r][keep]]), np.stack([y[s][keep], y[r][keep]]),
+                        color=LEVEL_COLORS[level], lw=max(0.4, 1.6 - 0.4 * level))
+            ax.add_patch(plt.Circle((0, 0), 1, fill=False, color="grey"))
+            ax.axis("off")
+            ax.set(aspect="equal", xlim=(-1.05, 1.05), ylim=(-1.05, 1.05),
+                   title="multimesh (all levels)" if i == levels else f"level {last}")
+    return fig
+
+
+def plot_graph_neighbourhood(graphs: Graphs, *, mesh_node_near: tuple[float, float] = (40, 180),
+                             grid_node_near: tuple[float, float] = (-20, 200),
+                             lon_range: tuple[float, float] = (150, 230),
+                             lat_range: tuple[float, float] = (-45, 65)) -> Figure:
+    """The grid2mesh edges into one mesh node and the mesh2grid edges into one grid node.
+
+    Args:
+      graphs: the built graphs (`gclab.geometry.build_graphs`).
+      mesh_node_near: (lat, lon) in degrees; the mesh node nearest to it (in the sum of
+        degree differences) is the grid2mesh receiver drawn.
+      grid_node_near: (lat, lon); the grid node nearest to it is the mesh2grid receiver.
+      lon_range: longitudes shown.
+      lat_range: latitudes shown.
+
+    Returns:
+      The figure: grid nodes (grey), mesh nodes (blue), grid2mesh edges into the mesh node
+      (green) and mesh2grid edges into the grid node (red); the title gives both counts.
+    """
+    mesh_lat, mesh_lon = xyz_to_lat_lon(graphs.mesh_node_xyz.astype(np.float64))  # [Nm]
+    grid_lat = np.repeat(graphs.grid_lat, graphs.n_lon)  # [Ng], latitude-major
+    grid_lon = np.tile(graphs.grid_lon, graphs.n_lat)  # [Ng]
+    node = int(np.argmin(np.abs(mesh_lat - mesh_node_near[0])
+                         + np.abs(mesh_lon - mesh_node_near[1])))
+    cell = int(np.argmin(np.abs(grid_lat - grid_node_near[0])
+                         + np.abs(grid_lon - grid_node_near[1])))
+    g2m = graphs.grid2mesh.senders[graphs.grid2mesh.receivers == node]
+    m2g = graphs.mesh2grid.senders[graphs.mesh2grid.receivers == cell]
+    with style():
+        fig, ax = plt.subplots(figsize=(10, 4.5))
+        ax.scatter(grid_lon, grid_lat, s=2, color="lightgrey", label="grid nodes")
+        ax.scatter(mesh_lon, mesh_lat, s=6, color="#1f77b4", label="mesh nodes")
+        for s in g2m:
+            ax.plot([grid_lon[s], mesh_lon[node]], [grid_lat[s], mesh_lat[node]], color="#2ca02c")
+        for s in m2g:
+            ax.plot([mesh_lon[s], grid_lon[cell]], [mesh_lat[s], grid_lat[cell]], color="#d62728")
+        ax.set(xlabel="longitude (deg)", ylabel="latitude (deg)", xlim=lon_range, ylim=lat_range,
+               title=f"grid2mesh edges into one mesh node (green: {len(g2m)}), "
+                     f"mesh2grid edges into one grid node (red: {len(m2g)})")
+        ax.legend(loc="lower left")
     return fig

@@ -12,7 +12,8 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = yaml.safe_load((ROOT / "_config.yml").read_text())
 TOC = yaml.safe_load((ROOT / "_toc.yml").read_text())
-CHAPTERS = [entry["file"] for part in TOC["parts"] for entry in part["chapters"]]
+PAGES = [entry["file"] for part in TOC["parts"] for entry in part["chapters"]]
+CHAPTERS = [page for page in PAGES if (ROOT / f"{page}.ipynb").is_file()]  # the notebooks
 
 
 def _cells(name):
@@ -24,6 +25,8 @@ def test_toc_lists_every_notebook_of_the_book():
     on_disk = {f"book/{p.stem}" for p in (ROOT / "book").glob("*.ipynb")}
     assert set(CHAPTERS) == on_disk
     assert (ROOT / f"{TOC['root']}.md").is_file()
+    assert all((ROOT / f"{page}.ipynb").is_file() or (ROOT / f"{page}.md").is_file()
+               for page in PAGES)
     assert len([c for c in CHAPTERS if re.match(r"book/0\d_", c)]) == 7
 
 
@@ -65,3 +68,95 @@ def test_colab_cell_installs_from_the_configured_repository(name):
     packages = " ".join(installs)
     assert not re.search(r"[\"']jax(lib)?[\"'=<>\[]", packages)
     assert "--no-deps" in installs[0]
+
+
+# ----------------------------------------------------------------- numbers in the prose
+
+# Literal constants a chapter may type: small counts, the model's and the task's defining
+# sizes (levels, steps, widths, grid shape, card sizes), and years. Anything else that
+# looks like a number must be pasted from a cell with `{glue:text}`.
+ALLOWED_NUMBERS = {str(n) for n in (*range(14), 16, 20, 24, 32, 37, 40, 64, 80, 128, 256, 512,
+                                    721, 1440)} | {"0.25", "0.5", "1.0"}
+_FENCE = re.compile(r"^(`{3,}|~{3,})([^\n]*)\n(.*?)^\1[ \t]*$", re.S | re.M)
+_NUMBER = re.compile(r"(?<![\w.^/-])\d[\d,]*(?:\.\d+)?%?(?![\w])")
+
+
+def _section_numbers(markdown):
+    return set(re.findall(r"^#+ ((?:\d+|[A-Z])\.\d+) ", markdown, re.M))
+
+
+def _prose(markdown):
+    """The markdown a reader reads as sentences: no code, no glue roles, no references."""
+    markdown = markdown.split("## References")[0]
+    # fenced code goes; directives ({admonition}, {dropdown}) keep their text
+    markdown = _FENCE.sub(lambda m: m.group(3) if m.group(2).strip().startswith("{") else "",
+                          markdown)
+    markdown = re.sub(r"^:\w+:.*$", "", markdown, flags=re.M)  # directive options
+    markdown = re.sub(r"\{[\w:-]+\}`[^`]*`", "", markdown)  # roles: glue, doc, ref
+    markdown = re.sub(r"`[^`]*`", "", markdown)  # inline code
+    markdown = re.sub(r"\$\$.*?\$\$|\$[^$\n]+\$", "", markdown, flags=re.S)  # formulas
+    markdown = re.sub(r"https?://\S+", "", markdown)
+    return re.sub(r"^#+ .*$", "", markdown, flags=re.M)  # headings
+
+
+def unglued_numbers(markdown, sections=frozenset()):
+    """Numbers typed in the prose that are neither allowed constants nor section numbers."""
+    found = []
+    for match in _NUMBER.finditer(_prose(markdown)):
+        token = match.group(0).rstrip(",")
+        plain = token.rstrip("%")
+        if plain in ALLOWED_NUMBERS or plain in sections or re.fullmatch(r"(19|20)\d\d", plain):
+            continue
+        found.append(token)
+    return found
+
+
+def test_unglued_number_detector():
+    text = ("## 2.3 Edges\n\nThe step needs 1.23 GiB, {glue:text}`temp` in all; 16 steps of "
+            "width 512 (section 2.3, Chen 2016), `every:3` and float32 and 3L.\n\n"
+            "```python\nx = 1234\n```\n\n```{admonition} Takeaway\n:class: tip\nIt is 45% "
+            "smaller.\n```\n\n## References\n\n* Science 382 (2023).\n")
+    assert unglued_numbers(text, _section_numbers(text)) == ["1.23", "45%"]
+
+
+def _glued_names(code):
+    return set(re.findall(r"\bglue\(\s*[\"']([\w.-]+)[\"']", code)) | set(
+        re.findall(r"\bglue\(\s*f[\"']([\w.-]+)\{", code))
+
+
+@pytest.mark.parametrize("name", CHAPTERS)
+def test_every_number_in_the_prose_is_glued(name):
+    cells = _cells(name)
+    markdown = "\n\n".join(src for kind, src, _ in cells if kind == "markdown")
+    sections = _section_numbers("\n\n".join(
+        "\n\n".join(src for kind, src, _ in _cells(n) if kind == "markdown") for n in CHAPTERS))
+    assert unglued_numbers(markdown, sections) == [], f"{name}: numbers typed in the prose"
+
+
+@pytest.mark.parametrize("name", CHAPTERS)
+def test_every_glue_role_names_a_value_glued_in_the_same_notebook(name):
+    cells = _cells(name)
+    markdown = "\n".join(src for kind, src, _ in cells if kind == "markdown")
+    code = "\n".join(src for kind, src, _ in cells if kind == "code")
+    used = {key.split(":")[0] for key in re.findall(r"\{glue(?::\w+)?\}`([^`]+)`", markdown)}
+    glued = _glued_names(code)
+    prefixes = {p for p in glued if p.endswith((".", "_", "-"))}
+    missing = {k for k in used if k not in glued and not any(k.startswith(p) for p in prefixes)}
+    assert not missing, f"{name}: glued nowhere in the notebook: {sorted(missing)}"
+
+
+def test_intro_links_the_appendix_and_a_glossary_of_the_memory_terms():
+    intro = (ROOT / f"{TOC['root']}.md").read_text()
+    assert "{doc}`appendix_measuring_memory`" in intro and "{doc}`glossary`" in intro
+    assert "book/glossary" in PAGES
+    glossary = (ROOT / "book/glossary.md").read_text()
+    for term in ("remat", "residual", "fusion", "buffer assignment", "live range", "temp bytes",
+                 "argument bytes", "output bytes", "multimesh"):
+        assert f"\n{term}\n" in glossary, term
+
+
+@pytest.mark.parametrize("name", CHAPTERS)
+def test_chapter_has_an_exercise_with_a_worked_answer_behind_a_toggle(name):
+    markdown = "\n".join(src for kind, src, _ in _cells(name) if kind == "markdown")
+    exercises = markdown.split("## Exercises")[1]
+    assert re.search(r"```\{admonition\} Answer to exercise \d+\n:class: dropdown\n", exercises)

@@ -76,3 +76,17 @@ def test_scales_grow_from_cpu_to_big():
     assert (gpu.compiled.resolution, gpu.compiled.latent_size) == (1.0, 512)
     for scale in (cpu, gpu, big):
         assert list(scale.geometries) == sorted(scale.geometries, reverse=True)
+
+
+def test_glue_pastes_numpy_scalars_as_python_numbers(monkeypatch):
+    import numpy as np
+
+    import gclab.notebook as notebook
+
+    pasted = {}
+    monkeypatch.setattr(notebook, "myst_glue", lambda name, value, display: pasted.update(
+        {name: (value, display)}))
+    assert notebook.glue("ratio", np.float64(0.25)) == 0.25
+    assert type(pasted["ratio"][0]) is float and pasted["ratio"][1] is False
+    assert type(notebook.glue("count", np.int64(3))) is int
+    assert notebook.glue("label", "1.5 GiB") == "1.5 GiB"

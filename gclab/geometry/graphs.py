@@ -57,6 +57,10 @@ class EdgeSet:
     def num_edges(self) -> int:
         return int(self.senders.shape[0])
 
+    def in_degree(self, num_receivers: int) -> np.ndarray:
+        """[N] int: the number of edges each of `num_receivers` receiver nodes receives."""
+        return np.bincount(self.receivers, minlength=num_receivers)
+
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Graphs:
@@ -105,6 +109,17 @@ class Graphs:
     @property
     def num_mesh_nodes(self) -> int:
         return int(self.mesh_node_xyz.shape[0])
+
+    def in_degree(self, edge_set: str) -> np.ndarray:
+        """[N] int: edges received per receiver node of `edge_set`.
+
+        Args:
+          edge_set: ``'grid2mesh'`` or ``'mesh'`` (N = Nm) or ``'mesh2grid'`` (N = Ng).
+        """
+        if edge_set not in _EDGE_SETS:
+            raise ValueError(f"unknown edge set {edge_set!r}; one of {', '.join(_EDGE_SETS)}")
+        n = self.num_grid_nodes if edge_set == "mesh2grid" else self.num_mesh_nodes
+        return getattr(self, edge_set).in_degree(n)
 
     def counts(self) -> dict:
         """Node and edge counts."""

@@ -7,6 +7,7 @@
 | `timeline` | the memory timeline of a compiled function, from XLA's buffer assignment |
 | `residuals` | what JAX saves for the backward pass, by module |
 | `hostmem` | host (numpy) allocations during a block of code, with memray |
+| `hlo` | FLOPs and fusions of a compiled function's optimised HLO |
 | `timing` | the median wall time of a call |
 | `eager` | bytes an op-by-op execution would allocate |
 | `targets` | small workloads for `measure_peak` (tests and the book) |
@@ -21,10 +22,14 @@ from gclab.measure.compiled import (
     memory_of_compiled,
 )
 from gclab.measure.eager import op_by_op_bytes
+from gclab.measure.hlo import flops, fusion_counts, hlo_computations, largest_fusion
 from gclab.measure.hostmem import HostMemory, track_host_memory
 from gclab.measure.peak import PeakResult, measure_peak
 from gclab.measure.residuals import (
     ARGUMENTS_GROUP,
+    NOT_A_GRAPH_SET,
+    bytes_by_graph_set,
+    indexed_by,
     module_of_scope,
     saved_residuals_df,
     summarize_residuals,
@@ -40,9 +45,11 @@ from gclab.measure.timeline import (
 from gclab.measure.timing import median_seconds
 
 __all__ = [
-    "ARGUMENTS_GROUP", "BACKWARD_PREFIX", "CompiledMemory", "HostMemory", "PeakResult",
-    "Timeline", "compile_fn", "compile_timed", "compile_with_timeline", "compiled_memory",
-    "format_bytes", "label_op", "measure_peak", "median_seconds", "memory_of_compiled",
-    "memory_timeline", "module_of_scope", "op_by_op_bytes", "saved_residuals_df",
-    "summarize_residuals", "timeline_from_dump", "track_host_memory",
+    "ARGUMENTS_GROUP", "BACKWARD_PREFIX", "NOT_A_GRAPH_SET", "CompiledMemory", "HostMemory",
+    "PeakResult", "Timeline", "bytes_by_graph_set", "compile_fn", "compile_timed",
+    "compile_with_timeline", "compiled_memory", "flops", "format_bytes", "fusion_counts",
+    "hlo_computations", "indexed_by", "label_op", "largest_fusion", "measure_peak",
+    "median_seconds", "memory_of_compiled", "memory_timeline", "module_of_scope",
+    "op_by_op_bytes", "saved_residuals_df", "summarize_residuals", "timeline_from_dump",
+    "track_host_memory",
 ]

@@ -4,9 +4,10 @@
   one configuration cannot inherit another's allocator state or compile cache) and
   reads back the peak:
 
-  - on GPU, `device.memory_stats()['peak_bytes_in_use']`, with
-    ``XLA_PYTHON_CLIENT_PREALLOCATE=false`` set before JAX starts (otherwise JAX grabs
-    75% of the card up front and the peak says nothing);
+  - on GPU, `device.memory_stats()['peak_bytes_in_use']`: the most bytes allocated at
+    once out of the allocator's pool (blocks, not the pool: preallocation does not change
+    it). The child sets ``XLA_PYTHON_CLIENT_PREALLOCATE=false`` before JAX starts, so that
+    it reserves only what it allocates and `nvidia-smi` agrees with the counter;
   - on CPU (where `memory_stats()` is None), the peak heap seen by `memray.Tracker`
     during the workload, plus the process's peak resident set size
     (`VmHWM` on Linux, else `getrusage(RUSAGE_SELF).ru_maxrss`).

@@ -32,12 +32,17 @@ import pandas as pd
 
 __all__ = [
     "ARGUMENTS_GROUP",
+    "NOT_A_GRAPH_SET",
+    "bytes_by_graph_set",
+    "indexed_by",
     "module_of_scope",
     "saved_residuals_df",
     "summarize_residuals",
 ]
 
 ARGUMENTS_GROUP = "inputs/params"
+#: `indexed_by` of a shape with no axis of a graph set's size.
+NOT_A_GRAPH_SET = "other (parameters, scalars)"
 COLUMNS = ("module", "shape", "dtype", "bytes", "description", "scope")
 
 # Name-stack components that say how, not where (transformations, control flow).
@@ -244,3 +249,36 @@ def summarize_residuals(df: pd.DataFrame, *, include_arguments: bool = True) -> 
     total = float(out["bytes"].sum())
     out["fraction"] = out["bytes"] / total if total else 0.0
     return out
+
+
+def indexed_by(shape: Sequence[int], counts: dict[str, int]) -> str:
+    """The node or edge set a residual of `shape` runs over, matched by axis length.
+
+    The first axis whose length is one of the counts names the set (sets of equal size
+    are named together, ``'a or b'``); a shape with no such axis is `NOT_A_GRAPH_SET`.
+
+    Args:
+      shape: a residual's shape, e.g. ``(S, E, B, L)``.
+      counts: set name -> size, e.g. `gclab.geometry.Graphs.counts()`.
+    """
+    names: dict[int, list[str]] = {}
+    for name, n in counts.items():
+        names.setdefault(int(n), []).append(name)
+    for d in shape:
+        if int(d) in names:
+            return " or ".join(names[int(d)])
+    return NOT_A_GRAPH_SET
+
+
+def bytes_by_graph_set(df: pd.DataFrame, counts: dict[str, int]) -> pd.Series:
+    """Residual bytes per node or edge set (`indexed_by`), largest first.
+
+    Args:
+      df: `saved_residuals_df` output.
+      counts: set name -> size.
+
+    Returns:
+      A Series of bytes indexed by set name (and `NOT_A_GRAPH_SET`).
+    """
+    sets = df["shape"].map(lambda shape: indexed_by(shape, counts))
+    return df.groupby(sets)["bytes"].sum().sort_values(ascending=False)

@@ -13,6 +13,7 @@ parameter trees, so they serve any graph network.
 
 from gclab.memory.blocks import balanced_block, blocked_edge_update, blocked_sum, split_blocks
 from gclab.memory.config import (
+    FULL_MESH2GRID_EDGES,
     LEAN_EDGE_BLOCK,
     PRECISIONS,
     RECIPE_EDGE_BLOCK,
@@ -23,6 +24,7 @@ from gclab.memory.config import (
     MemoryConfig,
     get_recipe,
     parse_remat_spec,
+    scaled_edge_block,
 )
 from gclab.memory.precision import aggregate, cast_tree, compute_dtype
 from gclab.memory.remat import (
@@ -36,9 +38,10 @@ from gclab.memory.remat import (
 )
 
 __all__ = [
-    "AGGREGATED_MESSAGES", "LEAN_EDGE_BLOCK", "NODE_LATENTS", "PRECISIONS", "RECIPES",
-    "RECIPE_EDGE_BLOCK", "REMAT_KINDS", "REMAT_POLICIES", "REMAT_SPEC_HELP", "STEP_SCOPE_PREFIX",
+    "AGGREGATED_MESSAGES", "FULL_MESH2GRID_EDGES", "LEAN_EDGE_BLOCK", "NODE_LATENTS",
+    "PRECISIONS", "RECIPES", "RECIPE_EDGE_BLOCK", "REMAT_KINDS", "REMAT_POLICIES",
+    "REMAT_SPEC_HELP", "STEP_SCOPE_PREFIX",
     "MemoryConfig", "aggregate", "balanced_block", "blocked_edge_update", "blocked_sum",
     "cast_tree", "compute_dtype", "get_recipe", "parse_remat_spec", "remat_policy",
-    "scan_steps", "split_blocks", "stage_checkpoint", "step_scope",
+    "scaled_edge_block", "scan_steps", "split_blocks", "stage_checkpoint", "step_scope",
 ]

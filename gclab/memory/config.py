@@ -27,7 +27,7 @@ import math
 import re
 from typing import Optional
 
-from gclab.config import MAX_INT32, invalid, is_int, is_number, normalise_numbers
+from gclab.config import MAX_INT32, PRESETS, invalid, is_int, is_number, normalise_numbers
 
 REMAT_KINDS = ("none", "step", "every", "nested", "ratio")
 REMAT_POLICIES = ("nothing", "dots", "aggregated", "node-latents")
@@ -178,9 +178,28 @@ def parse_remat_spec(spec: str) -> dict:
     return fields
 
 
-# Edge blocks used by the named recipes. Results do not depend on the block size.
+# Edge blocks used by the named recipes (gclab's choices: the GraphCast authors describe
+# edge blocks but publish no size). Results do not depend on the block size.
 RECIPE_EDGE_BLOCK = 65536
 LEAN_EDGE_BLOCK = 8192
+# Mesh2grid edges of the published 0.25 degree grid (three per grid node).
+FULL_MESH2GRID_EDGES = PRESETS["graphcast"].model.num_mesh2grid_edges
+
+
+def scaled_edge_block(num_mesh2grid_edges: int, block: int = RECIPE_EDGE_BLOCK,
+                      minimum: int = 64) -> int:
+    """The edge block that cuts a smaller grid's mesh2grid edges into as many blocks as
+    `block` cuts the 0.25 degree grid's.
+
+    Block counts, not block sizes, decide how much of an edge set is alive at once, so a
+    recipe compiled on a small grid keeps its memory behaviour with this block size.
+
+    Args:
+      num_mesh2grid_edges: mesh2grid edges of the grid at hand (3 Ng).
+      block: the block size at 0.25 degree.
+      minimum: the smallest block returned.
+    """
+    return max(int(minimum), int(num_mesh2grid_edges) * int(block) // FULL_MESH2GRID_EDGES)
 
 RECIPES = {
     "none": MemoryConfig(),

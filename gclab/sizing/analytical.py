@@ -50,6 +50,7 @@ from typing import Any, Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from gclab.config import MAX_INT32, STRUCTURAL_EDGE_FEATURES, ModelConfig, TaskConfig, is_int
 from gclab.geometry.graphs import graphs_for
@@ -429,3 +430,66 @@ def compiled_loss_grad(model: ModelConfig, task: TaskConfig,
         return jnp.mean(net.apply(p, g, x) ** 2)
 
     return compiled_memory(jax.grad(loss), params, graph, inputs)
+
+
+# ---------------------------------------------------------------------------------------
+# Grouped processor remat: the optimum group size.
+
+
+def step_boundary_and_internals(model: ModelConfig, counts: GraphCounts, batch: int = 1,
+                                activation_bytes: int = 4) -> tuple[float, float]:
+    """Bytes of one stored processor-step boundary (b) and of one step's internals (c).
+
+    A boundary is the edge and node latents carried from one step to the next,
+    `STEP_BOUNDARY_ARRAYS (Em + Nm)` arrays of `B L` elements; the internals are what a
+    step saves for its own backward pass, `EDGE_MLP_ARRAYS Em + NODE_MLP_ARRAYS Nm`.
+    """
+    unit = activation_bytes * batch * model.latent_size
+    b = STEP_BOUNDARY_ARRAYS * (counts.mesh_edges + counts.mesh_nodes) * unit
+    c = (EDGE_MLP_ARRAYS * counts.mesh_edges + NODE_MLP_ARRAYS * counts.mesh_nodes) * unit
+    return b, c
+
+
+def optimal_group_size(steps: int, boundary_bytes: float, internals_bytes: float) -> float:
+    """The group size k* = sqrt(b S / c) that minimises a + b S / k + c k.
+
+    Checkpointing S steps in groups of k stores S / k group boundaries (b bytes each) and
+    holds one recomputed group's internals (k steps of c bytes) in the backward pass;
+    d/dk (b S / k + c k) = 0 at k* = sqrt(b S / c). The square-root rule k = sqrt(S) is
+    the case b = c.
+    """
+    return math.sqrt(boundary_bytes * steps / internals_bytes)
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupedRematFit:
+    """A least-squares fit of `temp(k) = a + b S / k + c k` to compiled temps.
+
+    Attributes:
+      a: bytes that do not depend on k.
+      b: bytes per stored group boundary.
+      c: bytes per step of the recomputed group.
+      steps: S.
+    """
+    a: float
+    b: float
+    c: float
+    steps: int
+
+    def __call__(self, k):
+        return self.a + self.b * self.steps / k + self.c * k
+
+    @property
+    def optimum(self) -> float:
+        """k* of the fit (`optimal_group_size`); NaN when b or c is not positive."""
+        if self.b <= 0 or self.c <= 0:
+            return float("nan")
+        return optimal_group_size(self.steps, self.b, self.c)
+
+
+def fit_grouped_remat(group_sizes, temps, steps: int) -> GroupedRematFit:
+    """Fits `a + b S / k + c k` to the compiled temps of `every:k` for several k."""
+    ks = np.asarray(group_sizes, np.float64)
+    design = np.stack([np.ones_like(ks), steps / ks, ks], axis=1)  # [n, 3]
+    coef, *_ = np.linalg.lstsq(design, np.asarray(temps, np.float64), rcond=None)
+    return GroupedRematFit(*(float(x) for x in coef), steps=int(steps))

@@ -6,6 +6,7 @@
 | `data` | seeded synthetic weather in physical units, and its `Normalization` |
 | `losses` | the official loss weights and reduction |
 | `step` | AdamW, rollouts, micro-batches: `make_train_step` |
+| `mse` | the network's plain mean-square loss and its shapes, for memory and precision |
 """
 
 from gclab.training.data import Normalization, RawExample, SyntheticWeather
@@ -23,6 +24,7 @@ from gclab.training.losses import (
     node_weights,
     weighted_mse,
 )
+from gclab.training.mse import network_mse, network_mse_shapes, relative_error
 from gclab.training.step import (
     TrainConfig,
     TrainState,
@@ -39,6 +41,7 @@ __all__ = [
     "Example", "Normalization", "RawExample", "SyntheticWeather", "TrainConfig", "TrainState",
     "channel_weights", "example_shapes", "init_state_from_params", "input_variable_channels",
     "latitude_weights", "level_weights", "loss_and_grad", "loss_weights", "make_optimizer",
-    "make_train_step", "next_inputs", "node_weights", "residual_channels", "rollout_loss",
+    "make_train_step", "network_mse", "network_mse_shapes", "next_inputs", "node_weights",
+    "relative_error", "residual_channels", "rollout_loss",
     "train_step_fn", "weighted_mse",
 ]

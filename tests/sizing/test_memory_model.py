@@ -179,3 +179,23 @@ def test_sweep_refuses_what_is_not_a_spec():
         sweep.sweep([TINY])
     with pytest.raises(ValueError, match="measure"):
         sweep.sweep([], measure="guess")
+
+
+def test_grouped_remat_fit_recovers_its_coefficients_and_optimum():
+    S, a, b, c = 16, 1000.0, 30.0, 120.0
+    ks = [1, 2, 4, 8, 16]
+    fit = analytical.fit_grouped_remat(ks, [a + b * S / k + c * k for k in ks], S)
+    assert abs(fit.a - a) < 1e-6 and abs(fit.b - b) < 1e-6 and abs(fit.c - c) < 1e-6
+    assert abs(fit.optimum - 2.0) < 1e-9  # sqrt(30 * 16 / 120)
+    assert abs(fit(fit.optimum) - (a + 2 * (b * c * S) ** 0.5)) < 1e-6
+    assert analytical.optimal_group_size(S, 5.0, 5.0) == 4.0  # b = c: the square-root rule
+    falling = analytical.fit_grouped_remat(ks, [a - 5.0 * k for k in ks], S)
+    assert falling.optimum != falling.optimum  # NaN: c < 0, no trade-off to optimise
+
+
+def test_step_boundary_is_cheaper_than_step_internals():
+    model = PRESETS["cpu-4x32"].model
+    counts = analytical.GraphCounts.for_model(model)
+    b, c = analytical.step_boundary_and_internals(model, counts)
+    assert b == 4 * model.latent_size * (counts.mesh_edges + counts.mesh_nodes)
+    assert c / b == analytical.EDGE_MLP_ARRAYS  # as many arrays per node as per edge

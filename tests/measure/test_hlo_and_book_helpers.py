@@ -1,0 +1,110 @@
+"""Tests of the helpers the chapters use: HLO fusions and FLOPs, residuals by graph set,
+and the geometry figures."""
+
+from __future__ import annotations
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import pandas as pd  # noqa: E402
+
+from gclab import plots  # noqa: E402
+from gclab.geometry import build_graphs, multimesh  # noqa: E402
+from gclab.measure import (  # noqa: E402
+    NOT_A_GRAPH_SET,
+    bytes_by_graph_set,
+    compile_fn,
+    flops,
+    fusion_counts,
+    hlo_computations,
+    indexed_by,
+    largest_fusion,
+)
+
+S = jax.ShapeDtypeStruct
+
+
+def _matmul_then_elementwise(x, w):
+    return jnp.sum(jnp.tanh(x @ w) * 2.0 + 1.0)
+
+
+def test_flops_of_a_matmul_are_twice_its_multiply_adds():
+    n, k, m = 64, 32, 16
+    compiled = compile_fn(lambda x, w: x @ w, S((n, k), jnp.float32), S((k, m), jnp.float32))
+    assert flops(compiled) == 2 * n * k * m
+
+
+def test_fusion_counts_see_the_fused_elementwise_chain():
+    compiled = compile_fn(jax.grad(_matmul_then_elementwise), S((64, 32), jnp.float32),
+                          S((32, 16), jnp.float32))
+    hlo = compiled.as_text()
+    counts = fusion_counts(hlo)
+    assert counts["lines"] == len(hlo.splitlines())
+    assert counts["computations"] == len(hlo_computations(hlo))
+    assert 1 <= counts["fused computations"] <= counts["computations"]
+    assert counts["fusion instructions"] >= 1
+    assert any(c.startswith("fused") for c in hlo_computations(hlo))
+    lines = largest_fusion(hlo, max_lines=5, width=60)
+    assert 1 <= len(lines) <= 5 and all(len(line) <= 60 for line in lines)
+    assert "fused" in lines[0] and "metadata=" not in "".join(lines)
+
+
+def test_largest_fusion_of_an_unfused_module_is_empty():
+    assert largest_fusion("HloModule m\n\nENTRY %main {\n  ROOT %p = f32[] parameter(0)\n}") == []
+
+
+def test_indexed_by_matches_the_first_axis_of_a_set_size():
+    counts = {"grid_nodes": 100, "mesh_edges": 40, "mesh_nodes": 12, "grid2mesh_edges": 40}
+    assert indexed_by((4, 12, 1, 32), counts) == "mesh_nodes"
+    assert indexed_by((100, 1, 32), counts) == "grid_nodes"
+    assert indexed_by((40, 1, 32), counts) == "mesh_edges or grid2mesh_edges"
+    assert indexed_by((32, 32), counts) == NOT_A_GRAPH_SET
+
+
+def test_bytes_by_graph_set_sums_each_set():
+    df = pd.DataFrame({"shape": [(100, 1, 8), (100, 1, 4), (12, 1, 8), (8, 8)],
+                       "bytes": [3200, 1600, 384, 256]})
+    by_set = bytes_by_graph_set(df, {"grid_nodes": 100, "mesh_nodes": 12})
+    assert by_set.to_dict() == {"grid_nodes": 4800, "mesh_nodes": 384, NOT_A_GRAPH_SET: 256}
+    assert list(by_set.index)[0] == "grid_nodes"
+
+
+def test_in_degree_counts_received_edges():
+    g = build_graphs(10.0, 2)
+    m2g = g.in_degree("mesh2grid")
+    assert m2g.shape == (g.num_grid_nodes,) and (m2g == 3).all()
+    g2m = g.in_degree("grid2mesh")
+    assert g2m.shape == (g.num_mesh_nodes,) and g2m.sum() == g.grid2mesh.num_edges
+    assert (g.in_degree("mesh") == np.bincount(g.mesh.receivers)).all()
+
+
+def test_orthographic_puts_the_view_point_at_the_centre():
+    lat0, lon0 = 30.0, 20.0
+    la, lo = np.deg2rad(lat0), np.deg2rad(lon0)
+    toward = np.array([[np.cos(la) * np.cos(lo), np.cos(la) * np.sin(lo), np.sin(la)]])
+    x, y, visible = plots.orthographic(np.concatenate([toward, -toward]), lat0, lon0)
+    np.testing.assert_allclose([x[0], y[0]], [0.0, 0.0], atol=1e-12)
+    assert visible.tolist() == [True, False]
+
+
+def test_plot_multimesh_draws_each_level_then_all():
+    mesh = multimesh(2)
+    fig = plots.plot_multimesh(mesh)
+    axes = fig.axes
+    assert [ax.get_title() for ax in axes] == ["level 0", "level 1", "level 2",
+                                               "multimesh (all levels)"]
+    # the last panel draws the edges of every level: as many lines as the three panels
+    assert len(axes[3].lines) == sum(len(ax.lines) for ax in axes[:3])
+
+
+def test_plot_graph_neighbourhood_draws_three_mesh2grid_edges():
+    g = build_graphs(4.0, 3)
+    fig = plots.plot_graph_neighbourhood(g)
+    ax = fig.axes[0]
+    assert "(red: 3)" in ax.get_title()
+    red = [line for line in ax.lines if line.get_color() == "#d62728"]
+    assert len(red) == 3
