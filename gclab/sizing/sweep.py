@@ -252,7 +252,7 @@ def sweep(specs: Sequence[StepSpec], *, measure: str = "compiled",
         if folder.exists() and not folder.is_dir():
             raise ValueError(f"cache_path {folder}: not a folder")
         folder.mkdir(parents=True, exist_ok=True)
-        check_writable_folder(folder, what=f"cache_path {folder}")
+        check_writable_folder(folder)
     vers = versions()
     rows = []
     for spec in tqdm(specs, disable=not progress, desc="sweep"):
