@@ -32,6 +32,7 @@ import jax
 
 from gclab import __version__
 from gclab.config import get_preset
+from gclab.files import write_text_atomic
 from gclab.measure import format_bytes
 from gclab.memory import RECIPES, get_recipe
 from gclab.sizing import StepSpec, make_live_step, train_step_memory
@@ -181,8 +182,9 @@ def main() -> int:
     backend = hw["backend"]
     record = {"hardware": hw, "recipes": rows, "rollout": rollouts, "step_time": timing,
               "targets": checks}
-    (RESULTS / f"memory-{backend}.json").write_text(json.dumps(record, indent=1))
-    (RESULTS / f"memory-{backend}.md").write_text(markdown(hw, rows, rollouts, timing, checks))
+    write_text_atomic(RESULTS / f"memory-{backend}.json", json.dumps(record, indent=1))
+    write_text_atomic(RESULTS / f"memory-{backend}.md",
+                      markdown(hw, rows, rollouts, timing, checks))
     print(markdown(hw, rows, rollouts, timing, checks))
     return 0
 

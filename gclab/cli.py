@@ -49,8 +49,10 @@ from gclab.sizing.step import StepSpec, train_step_memory, train_step_timeline
 from gclab.sizing.sweep import MEASURES, save_sweep, sweep
 from gclab.sizing.sweep import grid as sweep_grid
 
-#: File types a picture can be saved as (matplotlib's, from the name's suffix).
-PLOT_SUFFIXES = tuple(f".{ext}" for ext in sorted(FigureCanvasBase.get_supported_filetypes()))
+#: File types a picture can be saved as (matplotlib's, from the name's suffix; not pgf,
+#: which needs a LaTeX installation).
+PLOT_SUFFIXES = tuple(f".{ext}" for ext in sorted(FigureCanvasBase.get_supported_filetypes())
+                      if ext != "pgf")
 SWEEP_SUFFIXES = (".json", ".csv")
 SWEEP_CACHE_ENV = "GCLAB_SWEEP_CACHE"
 # argparse's own messages after "argument --x: " (the rest come from the types below).
@@ -546,6 +548,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         except ValueError as e:  # UsageError, config/fixture errors, TooLarge: one line
             print(f"{prefix} {e}", file=sys.stderr)
             return 2
+        except BrokenPipeError:  # the reader went away (`gclab ... | head`): stop quietly
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 1
         except OSError as e:  # a file that could not be written mid-run
             where = f": {e.filename}" if e.filename else ""
             print(f"{prefix} {e.strerror or e}{where}", file=sys.stderr)

@@ -62,7 +62,7 @@ def atomic_path(path: PathLike) -> Iterator[Path]:
     Raises:
       OSError: the folder cannot be written; nothing is left behind.
     """
-    path = Path(path)
+    path = Path(os.path.realpath(path))  # through a symbolic link: replace its target
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
@@ -93,12 +93,19 @@ def check_output_path(path: PathLike, suffixes: Optional[Sequence[str]] = None) 
       The path.
 
     Raises:
-      OutputPathError: a wrong suffix, an existing folder of that name, a missing
-        folder, or a folder where no file can be created (the message says which).
+      OutputPathError: a wrong suffix, an existing folder of that name, something that
+        is not a regular file (a device such as /dev/null, a pipe), a missing folder, or a
+        folder where no file can be created (the message says which).
     """
+    if not isinstance(path, (str, os.PathLike)):
+        raise OutputPathError(str(path), f"a path must be a str or os.PathLike, not a "
+                              f"{type(path).__name__}")
     path = Path(path)
     if path.is_dir():
         raise OutputPathError(path, "is a directory, not a file")
+    if path.exists() and not path.is_file():
+        raise OutputPathError(path, "exists and is not a regular file (gclab replaces the "
+                              "file it writes)")
     if suffixes is not None and path.suffix.lower() not in suffixes:
         raise OutputPathError(path, f"the name must end in {', '.join(suffixes)}")
     folder = path.parent

@@ -23,13 +23,13 @@ import numpy as np
 import pytest
 
 from gclab import cli, files, limits
-from gclab.config import ConfigError, ModelConfig, TaskConfig
+from gclab.config import ConfigError, ModelConfig, TaskConfig, get_preset
 from gclab.files import CacheWarning, OutputPathError, atomic_path, check_output_path
 from gclab.geometry import graphs as graphs_lib
 from gclab.measure.compiled import CompiledMemory
-from gclab.memory.config import RECIPES, MemoryConfig
+from gclab.memory.config import RECIPES, MemoryConfig, get_recipe
 from gclab.model.graphcast import graph_inputs, make_network
-from gclab.model.reference import FixtureError, load_fixture
+from gclab.model.reference import FixtureError, load_fixture, run_checks
 from gclab.sizing import analytical, planner
 from gclab.sizing.step import StepSpec, compile_train_step, train_step_abstract
 from gclab.training.data import SyntheticWeather
@@ -286,6 +286,27 @@ def test_a_sweep_cache_that_is_a_file_is_refused(tmp_path, monkeypatch, capsys, 
     assert cli.main(["sweep", *TINY, "--out", str(tmp_path / "s.json")]) == 2
     assert f"GCLAB_SWEEP_CACHE={tmp_path / 'cache'}: not a directory" in one_line_error(
         capsys, "sweep")
+
+
+@pytest.mark.skipif(not Path("/dev/null").exists(), reason="needs /dev/null")
+def test_a_device_is_never_replaced_by_an_output_file(capsys, no_work):
+    assert cli.main(["graph", *TINY, "--save", "/dev/null"]) == 2
+    assert "--save /dev/null: exists and is not a regular file" in one_line_error(
+        capsys, "graph")
+    assert not Path("/dev/null").is_file()
+
+
+def test_a_picture_format_that_needs_latex_is_refused(tmp_path, capsys, no_work):
+    assert cli.main(["timeline", *TINY_NET, "--plot", str(tmp_path / "t.pgf")]) == 2
+    assert ".pdf" in one_line_error(capsys, "timeline")
+
+
+def test_writing_through_a_symbolic_link_replaces_its_target(tmp_path):
+    target, link = tmp_path / "target.json", tmp_path / "link.json"
+    target.write_text("old")
+    link.symlink_to(target)
+    files.write_text_atomic(link, "new")
+    assert link.is_symlink() and target.read_text() == "new"
 
 
 def test_the_api_checks_output_paths(tmp_path):
@@ -598,6 +619,22 @@ API = [
     (lambda: sweep_lib.sweep([_tiny_spec()], timeout=float("nan")), "timeout=nan"),
     (lambda: sweep_lib.sweep([_tiny_spec()], cache_path=TINY_FIXTURE), "not a folder"),
     (lambda: compile_train_step("spec"), "spec must be a StepSpec"),
+    (lambda: get_recipe(["lean"]), "unknown recipe ['lean']"),
+    (lambda: get_preset(["graphcast"]), "unknown preset ['graphcast']"),
+    (lambda: MemoryConfig(processor_remat=np.array(["step", "step"])),
+     "MemoryConfig.processor_remat=array"),
+    (lambda: graphs_lib.build_graphs(6.0, 2, cache_dir=123), "cache_dir=123"),
+    (lambda: graphs_lib.graphs_for("cpu-4x32"), "graphs_for needs a ModelConfig"),
+    (lambda: load_fixture(None), "a fixture path must be a str or os.PathLike"),
+    (lambda: run_checks("fixture.npz"), "run_checks needs a Fixture"),
+    (lambda: run_checks(load_fixture(TINY_FIXTURE), float("nan")), "tolerance=nan"),
+    (lambda: run_checks(load_fixture(TINY_FIXTURE), "1e-5"), "tolerance='1e-5'"),
+    (lambda: analytical.estimate(ModelConfig(), TASK, counts="x"),
+     "counts must be a GraphCounts"),
+    (lambda: analytical.estimate(ModelConfig(), TASK, activation_bytes=-4),
+     "activation_bytes=-4"),
+    (lambda: sweep_lib.save_sweep([ROW], "x.json"), "save_sweep needs a DataFrame"),
+    (lambda: check_output_path(123), "a path must be a str or os.PathLike"),
 ]
 
 

@@ -456,6 +456,8 @@ def load_or_build_graphs(
     )
     if not isinstance(cache, bool):
         raise ValueError(f"cache={cache!r} is invalid: True or False")
+    if cache_dir is not None and not isinstance(cache_dir, (str, os.PathLike)):
+        raise ValueError(f"cache_dir={cache_dir!r} is invalid: None or a path")
     args = (float(resolution), int(mesh_splits), float(radius_query_fraction_edge_length),
             None if mesh2grid_edge_normalization_factor is None
             else float(mesh2grid_edge_normalization_factor))
@@ -486,6 +488,8 @@ def graphs_for(model_config: ModelConfig, **kw: Any) -> Graphs:
     Returns:
       The graphs.
     """
+    if not isinstance(model_config, ModelConfig):
+        raise ValueError(f"graphs_for needs a ModelConfig, not a {type(model_config).__name__}")
     return build_graphs(
         model_config.resolution,
         model_config.mesh_splits,

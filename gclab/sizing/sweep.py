@@ -281,6 +281,8 @@ def save_sweep(df: pd.DataFrame, path: Union[str, os.PathLike]) -> Path:
     The folder is created if missing; the file appears only once complete
     (`gclab.files.atomic_path`).
     """
+    if not isinstance(df, pd.DataFrame):
+        raise ValueError(f"save_sweep needs a DataFrame (see sweep), not a {type(df).__name__}")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(path) as tmp:
