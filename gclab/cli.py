@@ -201,6 +201,8 @@ def _output_file(suffixes: Optional[Sequence[str]] = None) -> Callable[[str], Pa
     """A file to write: checked now (folder exists and is writable, not a directory)."""
 
     def convert(text: str) -> Path:
+        if text == "-":
+            raise _bad(text, "a file name (gclab does not write this to standard output)")
         try:
             return check_output_path(text, suffixes)
         except OutputPathError as e:

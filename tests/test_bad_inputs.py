@@ -260,10 +260,11 @@ def _output_cases(tmp_path):
         (["timeline", *TINY_NET, "--plot", str(tmp_path / "t")], ".png"),
         (["graph", *TINY, "--save", str(tmp_path)], "is a directory"),
         (["graph", *TINY, "--save", str(tmp_path / "missing" / "g.npz")], "does not exist"),
+        (["graph", *TINY, "--save", "-"], "standard output"),
     ]
 
 
-@pytest.mark.parametrize("case", range(11))
+@pytest.mark.parametrize("case", range(12))
 def test_output_paths_are_checked_before_any_work(case, tmp_path, capsys, no_work):
     argv, words = _output_cases(tmp_path)[case]
     assert cli.main(argv) == 2
