@@ -449,6 +449,18 @@ def test_a_damaged_graph_cache_is_rebuilt_and_says_so(tmp_path, capsys, monkeypa
     assert graphs_lib.build_graphs(6.0, 2, cache_dir=tmp_path).num_grid_nodes == 1860
 
 
+def test_a_graph_cache_with_indices_out_of_range_is_not_trusted(tmp_path):
+    graphs_lib.build_graphs(6.0, 2, cache_dir=tmp_path)
+    (cached,) = tmp_path.glob("*.npz")
+    with np.load(cached) as z:
+        arrays = {k: z[k] for k in z.files}
+    arrays["mesh2grid_senders"] = arrays["mesh2grid_senders"] + 10_000  # well-formed, wrong
+    np.savez(cached, **arrays)
+    with pytest.warns(CacheWarning, match="mesh2grid indices out of range"):
+        g = graphs_lib.build_graphs(6.0, 2, cache_dir=tmp_path)
+    assert g.mesh2grid.senders.max() < g.num_mesh_nodes
+
+
 @pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs /proc")
 def test_an_unwritable_graph_cache_is_reported_not_claimed(capsys, monkeypatch):
     monkeypatch.setenv("GCLAB_CACHE_DIR", "/proc/gclab-cache")
@@ -485,6 +497,16 @@ def test_a_sweep_cache_row_of_the_wrong_shape_is_recomputed(cached, tmp_path, mo
     assert json.loads(path.read_text())["total_bytes"] == 30  # rewritten whole
     df = sweep_lib.sweep([spec], cache_path=tmp_path, progress=False)
     assert df["cached"][0]
+
+
+def test_a_sweep_cache_row_that_cannot_be_written_does_not_stop_the_sweep(tmp_path,
+                                                                          monkeypatch):
+    monkeypatch.setattr(sweep_lib, "_one", lambda *a: dict(ROW))
+    spec = _tiny_spec()
+    (tmp_path / f"{sweep_lib.cache_key(spec, 'compiled')}.json").mkdir()  # in the way
+    with pytest.warns(CacheWarning, match="could not be written"):
+        df = sweep_lib.sweep([spec], cache_path=tmp_path, progress=False)
+    assert df["total_bytes"][0] == 30
 
 
 # ---------------------------------------------------------------- 6. the words of a message

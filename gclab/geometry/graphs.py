@@ -252,6 +252,14 @@ def _from_arrays(z: Any, key: str) -> Graphs:
             or g.mesh_node_xyz.shape != (nm, 3)
             or g.mesh2grid.num_edges != 3 * ng):
         raise ValueError("inconsistent cached graph sizes")
+    for name, senders_of, receivers_of in (("grid2mesh", ng, nm), ("mesh", nm, nm),
+                                           ("mesh2grid", nm, ng)):
+        es: EdgeSet = getattr(g, name)
+        for idx, n in ((es.senders, senders_of), (es.receivers, receivers_of)):
+            if idx.size and not (idx.min() >= 0 and idx.max() < n):
+                raise ValueError(f"cached {name} indices out of range")
+        if not np.isfinite(es.features).all():
+            raise ValueError(f"cached {name} features not finite")
     return g
 
 

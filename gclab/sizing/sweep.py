@@ -264,7 +264,11 @@ def sweep(specs: Sequence[StepSpec], *, measure: str = "compiled",
             result = _one(spec, measure, timeout, repeats)
             result["cached"] = False
             if path is not None and result["status"] != "error":
-                write_text_atomic(path, json.dumps(result, default=str))
+                try:
+                    write_text_atomic(path, json.dumps(result, default=str))
+                except OSError as e:  # the row is computed; only its cache is lost
+                    warnings.warn(f"sweep cache row {path} could not be written "
+                                  f"({e.strerror or e}); going on", CacheWarning, stacklevel=2)
         row = {**spec.describe(), "technique": spec.technique(),
                "num_params": param_count(spec.model, spec.task)}
         for col in (*BYTE_COLUMNS, "compile_seconds", "step_seconds", "peak_bytes"):
