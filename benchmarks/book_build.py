@@ -101,7 +101,9 @@ def main(argv: list[str] | None = None) -> int:
     backend = record["hardware"].get("backend", "cpu")
     RESULTS.mkdir(parents=True, exist_ok=True)
     out = RESULTS / f"book-build-{backend}.json"
-    out.write_text(json.dumps(record, indent=2) + "\n")
+    tmp = out.with_name(f".{out.name}.tmp")  # written whole, then renamed into place
+    tmp.write_text(json.dumps(record, indent=2) + "\n")
+    os.replace(tmp, out)
     print(json.dumps(record, indent=2))
     print(f"wrote {out.relative_to(ROOT)}")
     if not args.keep:

@@ -102,7 +102,9 @@ def main() -> None:
                               and first["peak_rss_bytes"] <= 3.0 * gib),
     }
     args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(result, indent=2) + "\n")
+    tmp = args.output.with_name(f".{args.output.name}.tmp")  # whole, then renamed
+    tmp.write_text(json.dumps(result, indent=2) + "\n")
+    os.replace(tmp, args.output)
     print(json.dumps(result, indent=2))
 
 

@@ -40,6 +40,7 @@ import jax.numpy as jnp
 
 from gclab import __version__, model
 from gclab.config import get_preset
+from gclab.files import write_text_atomic
 from gclab.measure import format_bytes
 from gclab.memory import RECIPES, get_recipe
 from gclab.sizing import StepSpec, make_live_step, train_step_memory
@@ -323,8 +324,8 @@ def main() -> int:
                                 f"{again['device']} ({again['cpu_count']} cores), jax "
                                 f"{again['jax']}, {again['date']}.\n", 1)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(record, indent=1))
-    path.with_suffix(".md").write_text(text)
+    write_text_atomic(path, json.dumps(record, indent=1))
+    write_text_atomic(path.with_suffix(".md"), text)
     print(text)
     return 0
 

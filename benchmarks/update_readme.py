@@ -13,6 +13,7 @@ checks that the README matches them.
 from __future__ import annotations
 
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -84,7 +85,9 @@ def render(readme: str) -> str:
 
 def main() -> int:
     path = ROOT / "README.md"
-    path.write_text(render(path.read_text()))
+    tmp = path.with_name(f".{path.name}.tmp")  # written whole, then renamed into place
+    tmp.write_text(render(path.read_text()))
+    os.replace(tmp, path)
     return 0
 
 

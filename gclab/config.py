@@ -233,6 +233,8 @@ class TaskConfig:
                     "pressures (hPa)")
         if len(set(levels)) != len(levels):
             invalid(self, "pressure_levels", "pressures must be distinct")
+        object.__setattr__(self, "pressure_levels",
+                           tuple(int(p) if is_int(p) else float(p) for p in levels))
         if not isinstance(self.precipitation_input, bool):
             invalid(self, "precipitation_input", "True or False")
 
@@ -315,11 +317,10 @@ PRESETS = {p.name: p for p in (
 
 def get_preset(name: str) -> Preset:
     """Looks up a preset by name; unknown names list the known ones."""
-    try:
-        return PRESETS[name]
-    except KeyError:
+    if not isinstance(name, str) or name not in PRESETS:
         raise ValueError(
-            f"unknown preset {name!r}; known presets: {', '.join(sorted(PRESETS))}") from None
+            f"unknown preset {name!r}; known presets: {', '.join(sorted(PRESETS))}")
+    return PRESETS[name]
 
 
 def resolve_model(preset: Optional[str] = None, *, resolution: Optional[float] = None,

@@ -26,7 +26,16 @@ class CacheWarning(UserWarning):
 
 
 class OutputPathError(ValueError):
-    """An output path that cannot be written (checked before any work)."""
+    """An output path that cannot be written (checked before any work).
+
+    Attributes:
+      path: the path.
+      reason: what is wrong, without the path ("folder x does not exist").
+    """
+
+    def __init__(self, path: PathLike, reason: str) -> None:
+        super().__init__(f"{path}: {reason}")
+        self.path, self.reason = Path(path), reason
 
 
 def _umask() -> int:
@@ -53,7 +62,7 @@ def atomic_path(path: PathLike) -> Iterator[Path]:
     Raises:
       OSError: the folder cannot be written; nothing is left behind.
     """
-    path = Path(path)
+    path = Path(os.path.realpath(path))  # through a symbolic link: replace its target
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     os.close(fd)
     try:
@@ -84,31 +93,38 @@ def check_output_path(path: PathLike, suffixes: Optional[Sequence[str]] = None) 
       The path.
 
     Raises:
-      OutputPathError: a wrong suffix, an existing folder of that name, a missing
-        folder, or a folder where no file can be created (the message says which).
+      OutputPathError: a wrong suffix, an existing folder of that name, something that
+        is not a regular file (a device such as /dev/null, a pipe), a missing folder, or a
+        folder where no file can be created (the message says which).
     """
+    if not isinstance(path, (str, os.PathLike)):
+        raise OutputPathError(str(path), f"a path must be a str or os.PathLike, not a "
+                              f"{type(path).__name__}")
     path = Path(path)
-    if suffixes is not None and path.suffix.lower() not in suffixes:
-        raise OutputPathError(f"{path}: the name must end in {' or '.join(suffixes)}")
     if path.is_dir():
-        raise OutputPathError(f"{path}: is a folder, not a file")
+        raise OutputPathError(path, "is a directory, not a file")
+    if path.exists() and not path.is_file():
+        raise OutputPathError(path, "exists and is not a regular file (gclab replaces the "
+                              "file it writes)")
+    if suffixes is not None and path.suffix.lower() not in suffixes:
+        raise OutputPathError(path, f"the name must end in {', '.join(suffixes)}")
     folder = path.parent
     if not folder.exists():
-        raise OutputPathError(f"{path}: folder {folder} does not exist")
+        raise OutputPathError(path, f"folder {folder} does not exist")
     if not folder.is_dir():
-        raise OutputPathError(f"{path}: {folder} is not a folder")
+        raise OutputPathError(path, f"{folder} is not a directory")
     if path.exists() and not os.access(path, os.W_OK):
-        raise OutputPathError(f"{path}: the file exists and is read-only")
-    check_writable_folder(folder, what=str(path))
+        raise OutputPathError(path, "the file exists and is read-only")
+    check_writable_folder(folder, path)
     return path
 
 
-def check_writable_folder(folder: PathLike, what: Optional[str] = None) -> Path:
+def check_writable_folder(folder: PathLike, what: Optional[PathLike] = None) -> Path:
     """Checks that a file can be created in `folder` (by creating and removing one).
 
     Args:
       folder: an existing folder.
-      what: how to name the problem in the message (default: the folder).
+      what: the path the error names (default: the folder).
 
     Returns:
       The folder.
@@ -120,7 +136,7 @@ def check_writable_folder(folder: PathLike, what: Optional[str] = None) -> Path:
     try:
         fd, tmp = tempfile.mkstemp(prefix=".gclab-write-check.", suffix=".tmp", dir=folder)
     except OSError as e:
-        raise OutputPathError(f"{what or folder}: cannot write in folder {folder} "
+        raise OutputPathError(what or folder, f"cannot write in folder {folder} "
                               f"({e.strerror or e})") from None
     os.close(fd)
     with contextlib.suppress(OSError):

@@ -267,6 +267,14 @@ def _from_arrays(z: Any, key: str) -> Graphs:
             or g.mesh_node_xyz.shape != (nm, 3)
             or g.mesh2grid.num_edges != 3 * ng):
         raise ValueError("inconsistent cached graph sizes")
+    for name, senders_of, receivers_of in (("grid2mesh", ng, nm), ("mesh", nm, nm),
+                                           ("mesh2grid", nm, ng)):
+        es: EdgeSet = getattr(g, name)
+        for idx, n in ((es.senders, senders_of), (es.receivers, receivers_of)):
+            if idx.size and not (idx.min() >= 0 and idx.max() < n):
+                raise ValueError(f"cached {name} indices out of range")
+        if not np.isfinite(es.features).all():
+            raise ValueError(f"cached {name} features not finite")
     return g
 
 
@@ -471,6 +479,8 @@ def load_or_build_graphs(
     )
     if not isinstance(cache, bool):
         raise ValueError(f"cache={cache!r} is invalid: True or False")
+    if cache_dir is not None and not isinstance(cache_dir, (str, os.PathLike)):
+        raise ValueError(f"cache_dir={cache_dir!r} is invalid: None or a path")
     args = (float(resolution), int(mesh_splits), float(radius_query_fraction_edge_length),
             None if mesh2grid_edge_normalization_factor is None
             else float(mesh2grid_edge_normalization_factor))
@@ -501,6 +511,8 @@ def graphs_for(model_config: ModelConfig, **kw: Any) -> Graphs:
     Returns:
       The graphs.
     """
+    if not isinstance(model_config, ModelConfig):
+        raise ValueError(f"graphs_for needs a ModelConfig, not a {type(model_config).__name__}")
     return build_graphs(
         model_config.resolution,
         model_config.mesh_splits,

@@ -85,14 +85,14 @@ class MemoryConfig:
     donate: bool = False
 
     def __post_init__(self) -> None:
-        if self.processor_remat not in REMAT_KINDS:
+        if not isinstance(self.processor_remat, str) or self.processor_remat not in REMAT_KINDS:
             invalid(self, "processor_remat", "one of " + ", ".join(REMAT_KINDS))
         if not is_int(self.remat_group_size) or not 1 <= self.remat_group_size <= MAX_INT32:
             invalid(self, "remat_group_size", f"an integer >= 1 (and <= {MAX_INT32})")
         r = self.remat_ratio
         if not is_number(r) or not 0 <= r <= 1:
             invalid(self, "remat_ratio", "a number in [0, 1]")
-        if self.remat_policy not in REMAT_POLICIES:
+        if not isinstance(self.remat_policy, str) or self.remat_policy not in REMAT_POLICIES:
             invalid(self, "remat_policy", "one of " + ", ".join(REMAT_POLICIES))
         for field in ("checkpoint_encoder", "checkpoint_decoder", "processor_edge_blocks",
                       "gather_after_matmul", "float32_aggregation", "rollout_remat", "donate",
@@ -106,7 +106,7 @@ class MemoryConfig:
             invalid(self, "processor_edge_blocks", "needs edge_block_size to be set")
         if self.stream_grid_nodes and self.edge_block_size is None:
             invalid(self, "stream_grid_nodes", "needs edge_block_size to be set")
-        if self.precision not in PRECISIONS:
+        if not isinstance(self.precision, str) or self.precision not in PRECISIONS:
             invalid(self, "precision", "one of " + ", ".join(PRECISIONS))
         if not is_int(self.microbatches) or not 1 <= self.microbatches <= MAX_INT32:
             invalid(self, "microbatches", f"an integer >= 1 (and <= {MAX_INT32})")
@@ -219,7 +219,7 @@ RECIPES = {
 
 def get_recipe(name: str, precision: str = "f32") -> MemoryConfig:
     """A named recipe (`none`, `per-step`, `deepmind`, `lean`) at a precision."""
-    if name not in RECIPES:
+    if not isinstance(name, str) or name not in RECIPES:
         raise ValueError(f"unknown recipe {name!r}; accepted: {', '.join(RECIPES)}")
     return RECIPES[name].replace(precision=precision)
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import zipfile
 import zlib
 from pathlib import Path
@@ -97,6 +98,9 @@ def load_fixture(path) -> Fixture:
     Raises:
       FixtureError: the file is missing, not an `.npz`, lacks keys, or is inconsistent.
     """
+    if not isinstance(path, (str, os.PathLike)):
+        raise FixtureError(f"a fixture path must be a str or os.PathLike, not a "
+                           f"{type(path).__name__}")
     path = Path(path)
     if path.is_dir():
         raise FixtureError(f"{path}: is a folder, not an .npz fixture")
@@ -358,7 +362,16 @@ def _sorted_pairs(s, r) -> np.ndarray:
 
 
 def run_checks(fx: Fixture, tolerance: float = DEFAULT_TOLERANCE) -> list:
-    """Runs both checks on a loaded fixture and returns a list of `Check`s."""
+    """Runs both checks on a loaded fixture and returns a list of `Check`s.
+
+    Raises:
+      ValueError: `fx` is not a `Fixture`, or `tolerance` not a finite number > 0.
+    """
+    if not isinstance(fx, Fixture):
+        raise ValueError(f"run_checks needs a Fixture (see load_fixture), not a "
+                         f"{type(fx).__name__}")
+    if not is_number(tolerance) or not 0 < tolerance < math.inf:
+        raise ValueError(f"tolerance={tolerance!r} is invalid: a finite number > 0")
     a = fx.arrays
     net = make_network(fx.config, fx.data_channels, fx.output_channels)
     apply = jax.jit(net.apply)

@@ -338,6 +338,11 @@ def estimate(model: ModelConfig, task: TaskConfig, memory: Optional[MemoryConfig
     """
     mem = memory or MemoryConfig()
     check_step_arguments(model, task, mem, batch, rollout, "estimate")
+    if counts is not None and not isinstance(counts, GraphCounts):
+        raise ValueError(f"estimate: counts must be a GraphCounts, not a {type(counts).__name__}")
+    if activation_bytes is not None and activation_bytes not in (2, 4):
+        raise ValueError(f"estimate: activation_bytes={activation_bytes!r} is invalid: "
+                         "None, 2 or 4")
     c = counts or GraphCounts.for_model(model)
     u = activation_bytes or (2 if mem.precision == "bf16" else 4)
     L = model.latent_size

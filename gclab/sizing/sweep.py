@@ -252,7 +252,7 @@ def sweep(specs: Sequence[StepSpec], *, measure: str = "compiled",
         if folder.exists() and not folder.is_dir():
             raise ValueError(f"cache_path {folder}: not a folder")
         folder.mkdir(parents=True, exist_ok=True)
-        check_writable_folder(folder, what=f"cache_path {folder}")
+        check_writable_folder(folder)
     vers = versions()
     rows = []
     for spec in tqdm(specs, disable=not progress, desc="sweep"):
@@ -264,7 +264,11 @@ def sweep(specs: Sequence[StepSpec], *, measure: str = "compiled",
             result = _one(spec, measure, timeout, repeats)
             result["cached"] = False
             if path is not None and result["status"] != "error":
-                write_text_atomic(path, json.dumps(result, default=str))
+                try:
+                    write_text_atomic(path, json.dumps(result, default=str))
+                except OSError as e:  # the row is computed; only its cache is lost
+                    warnings.warn(f"sweep cache row {path} could not be written "
+                                  f"({e.strerror or e}); going on", CacheWarning, stacklevel=2)
         row = {**spec.describe(), "technique": spec.technique(),
                "num_params": param_count(spec.model, spec.task)}
         for col in (*BYTE_COLUMNS, "compile_seconds", "step_seconds", "peak_bytes"):
@@ -281,6 +285,8 @@ def save_sweep(df: pd.DataFrame, path: Union[str, os.PathLike]) -> Path:
     The folder is created if missing; the file appears only once complete
     (`gclab.files.atomic_path`).
     """
+    if not isinstance(df, pd.DataFrame):
+        raise ValueError(f"save_sweep needs a DataFrame (see sweep), not a {type(df).__name__}")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(path) as tmp:
