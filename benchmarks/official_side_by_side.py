@@ -39,14 +39,14 @@ What it measures (batch 1, one target step, 13 levels at 4 and 1 deg, 37 at 0.25
    arguments, so gclab's argument bytes include the graph arrays.
 
 2. **Step time** of the same loss-and-gradient step on real random arrays at 4 deg /
-   3 splits, 16 x 512, float32 (compiled with default options, then
-   ``gclab.measure.median_seconds``: the median of ``--repeats`` calls after a warm-up).
+   3 splits, 16 x 512, float32 (compiled with default options): the median of
+   ``--repeats`` calls after a warm-up call, the two sides' calls interleaved.
 
 3. **Graph build** at 0.25 deg / 6 splits, each in a fresh process: the official
    ``GraphCast`` constructor plus its graph set-up (``_maybe_init`` on the lat/lon
    coordinates, what its first call does) against ``gclab.geometry.build_graphs``
-   with the cache off. Wall seconds and peak RSS (``ru_maxrss``), with the RSS after
-   the imports, so that the build's own share can be read.
+   with the cache off. Wall seconds and peak RSS (``VmHWM``), with the RSS after the
+   imports, so that the build's own share can be read.
 
 Parameter shapes of the official model do not depend on the grid or the mesh, so the
 official side takes them from a cheap ``init`` on a 10 deg grid with 2 mesh splits
@@ -63,7 +63,7 @@ import datetime
 import json
 import os
 import platform
-import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -237,8 +237,16 @@ def _random_like(tree, seed: int):
     return jax.tree_util.tree_unflatten(treedef, out)
 
 
-def _rss() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+def _status_bytes(field: str) -> int:
+    """A memory field of /proc/self/status (`VmRSS` now, `VmHWM` peak), in bytes.
+
+    Not `ru_maxrss`: on Linux it survives exec, so a child started by a larger parent
+    would report the parent's size.
+    """
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) * 1024  # kB
+    raise RuntimeError(f"no {field} in /proc/self/status")
 
 
 def child_memory(official: str, side: str, name: str, precision: str) -> dict:
@@ -255,29 +263,42 @@ def child_memory(official: str, side: str, name: str, precision: str) -> dict:
     return {"temp_bytes": m.temp_bytes, "argument_bytes": m.argument_bytes,
             "output_bytes": m.output_bytes, "alias_bytes": m.alias_bytes,
             "compile_seconds": round(seconds, 2), "num_params": num_params,
-            "compile_peak_rss_bytes": _rss()}
+            "compile_peak_rss_bytes": _status_bytes("VmHWM")}
 
 
 def child_time(official: str, name: str, precision: str, repeats: int) -> dict:
-    """Median seconds of one real loss-and-gradient step, official then gclab."""
+    """Median seconds of one real loss-and-gradient step of each side, interleaved.
+
+    Both steps are compiled and called once untimed; then each round times one call of
+    each, so that a change in the machine's load falls on both sides alike.
+    """
     import jax
 
-    from gclab.measure import median_seconds
     from gclab.model import graph_inputs
 
-    out, load = {}, {"before": os.getloadavg()[0]}
     fn, args, _ = official_loss_grad(official, name, precision)
-    real = _random_like(args, seed=0)
-    compiled = jax.jit(fn).lower(*real).compile()
-    out["official"] = median_seconds(lambda: jax.block_until_ready(compiled(*real)), repeats)
-    del compiled, real
+    official_args = _random_like(args, seed=0)
+    official_step = jax.jit(fn).lower(*official_args).compile()
 
     fn, (params, _, example), _, graphs = gclab_loss_grad(name, precision)
-    real = (_random_like(params, seed=0), graph_inputs(graphs), _random_like(example, seed=1))
-    compiled = jax.jit(fn).lower(*real).compile()
-    out["gclab"] = median_seconds(lambda: jax.block_until_ready(compiled(*real)), repeats)
+    gclab_args = (_random_like(params, seed=0), graph_inputs(graphs),
+                  _random_like(example, seed=1))
+    gclab_step = jax.jit(fn).lower(*gclab_args).compile()
+
+    calls = {"official": lambda: jax.block_until_ready(official_step(*official_args)),
+             "gclab": lambda: jax.block_until_ready(gclab_step(*gclab_args))}
+    for call in calls.values():
+        call()  # warm-up
+    load = {"before": os.getloadavg()[0]}
+    seconds = {side: [] for side in calls}
+    for _ in range(repeats):
+        for side, call in calls.items():
+            t0 = time.perf_counter()
+            call()
+            seconds[side].append(time.perf_counter() - t0)
     load["after"] = os.getloadavg()[0]
-    return {"median_seconds": out, "repeats": repeats, "load_average_1min": load}
+    return {"median_seconds": {side: statistics.median(v) for side, v in seconds.items()},
+            "all_seconds": seconds, "repeats": repeats, "load_average_1min": load}
 
 
 def child_graph(official: str, side: str, resolution: float, splits: int) -> dict:
@@ -296,7 +317,7 @@ def child_graph(official: str, side: str, resolution: float, splits: int) -> dic
     else:
         from gclab.geometry import build_graphs
     import_seconds = time.perf_counter() - t0
-    rss_after_imports = _rss()
+    rss_after_imports = _status_bytes("VmRSS")
 
     t0 = time.perf_counter()
     if side == "official":
@@ -317,7 +338,7 @@ def child_graph(official: str, side: str, resolution: float, splits: int) -> dic
         counts = build_graphs(resolution, splits, cache=False).counts()
     seconds = time.perf_counter() - t0
     return {"seconds": round(seconds, 3), "import_seconds": round(import_seconds, 3),
-            "peak_rss_bytes": _rss(), "rss_after_imports_bytes": rss_after_imports,
+            "peak_rss_bytes": _status_bytes("VmHWM"), "rss_after_imports_bytes": rss_after_imports,
             "counts": counts}
 
 
@@ -486,8 +507,8 @@ EXPLANATION = [
     "constants, which count in neither column; gclab passes them as arguments, so "
     "gclab's *args + out* include them. *temp* compares like with like.",
     "- **Step time** is the median of several calls of the compiled loss-and-gradient "
-    "step on random arrays (`gclab.measure.median_seconds`, after one untimed call), "
-    "official then gclab in one process, at 4 deg / 3 splits, 16 x 512, float32. The "
+    "step on random arrays, after one untimed call, both sides in one process with "
+    "their calls interleaved, at 4 deg / 3 splits, 16 x 512, float32. The "
     "machine may be shared: *load average* is the 1-minute load before and after the "
     "timed calls; above the core count, other work slowed both sides.",
     "- **Graph build** builds the 0.25 deg / 6-split grid2mesh, mesh and mesh2grid "
@@ -495,7 +516,9 @@ EXPLANATION = [
     "official `GraphCast` constructor and its graph set-up on the grid's lat/lon "
     "coordinates (what its first call does) against `gclab.geometry.build_graphs` with "
     "its disk cache off. Seconds leave out the imports; *peak RSS* is the process's "
-    "`ru_maxrss`; *above imports* subtracts the RSS once the imports are done.",
+    "high-water mark (`VmHWM`); *above imports* subtracts the RSS once the imports "
+    "are done (the official side imports jax, haiku and xarray; gclab's geometry only "
+    "numpy and scipy).",
 ]
 
 
