@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 
 from gclab.config import PRESETS, ModelConfig, TaskConfig
 from gclab.memory import RECIPES
 from gclab.model import count_params, param_shapes
-from gclab.sizing import StepSpec, analytical, planner, sweep
+from gclab.sizing import StepSpec, analytical, planner
+
+# The module: `gclab.sizing.sweep` is also the name of the function the package exports.
+sweep = importlib.import_module("gclab.sizing.sweep")
 
 TASK = TaskConfig.from_levels(13)
 
