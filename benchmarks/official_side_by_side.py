@@ -522,6 +522,13 @@ EXPLANATION = [
 ]
 
 
+def _write(path: Path, text: str) -> None:
+    """Writes a result file whole: a temporary file in its folder, then renamed into place."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--official", help="path of a checkout of the official code")
@@ -538,7 +545,7 @@ def main() -> int:
 
     if args.report_only:
         for path in sorted(args.output_dir.glob("official-*.json")):
-            path.with_suffix(".md").write_text(markdown(json.loads(path.read_text())))
+            _write(path.with_suffix(".md"), markdown(json.loads(path.read_text())))
         return 0
 
     if args.child:
@@ -602,9 +609,9 @@ def main() -> int:
 
     backend = jax.default_backend()
     args.output_dir.mkdir(parents=True, exist_ok=True)
-    (args.output_dir / f"official-{backend}.json").write_text(json.dumps(record, indent=1) + "\n")
+    _write(args.output_dir / f"official-{backend}.json", json.dumps(record, indent=1) + "\n")
     text = markdown(record)
-    (args.output_dir / f"official-{backend}.md").write_text(text)
+    _write(args.output_dir / f"official-{backend}.md", text)
     print(text)
     return 0
 

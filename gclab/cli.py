@@ -29,6 +29,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
+import jax
 from matplotlib.backend_bases import FigureCanvasBase
 
 from gclab.config import MAX_INT32, PRESETS, ConfigError, ModelConfig, get_preset, resolve_model
@@ -523,6 +524,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _check_backend() -> None:
+    """Starts JAX's backend now, so that a bad `JAX_PLATFORMS` is one line, not a traceback."""
+    try:
+        jax.default_backend()
+    except Exception as e:  # noqa: BLE001 - JAX raises RuntimeError or AssertionError here
+        platforms = os.environ.get("JAX_PLATFORMS", "")
+        raise UsageError("JAX could not start a backend"
+                         + (f" for JAX_PLATFORMS={platforms}" if platforms else "")
+                         + (f": {e}" if str(e) else "")) from None
+
+
 def _one_line_warnings(command: str):
     def show(message, category, filename, lineno, file=None, line=None):
         print(f"gclab {command}: warning: {message}", file=sys.stderr)
@@ -546,6 +558,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     with warnings.catch_warnings():
         warnings.showwarning = _one_line_warnings(args.command)
         try:
+            if args.command != "graph":  # every other command runs JAX
+                _check_backend()
             return args.func(args)
         except ValueError as e:  # UsageError, config/fixture errors, TooLarge: one line
             print(f"{prefix} {e}", file=sys.stderr)

@@ -154,6 +154,17 @@ def test_senseless_numbers_are_refused_before_any_work(argv, words, capsys, no_w
         assert word in err, err
 
 
+def test_a_backend_that_cannot_start_is_one_line(capsys, monkeypatch, no_work):
+    def broken():
+        raise AssertionError  # what JAX raises for JAX_PLATFORMS=cuda without CUDA
+
+    monkeypatch.setattr(cli.jax, "default_backend", broken)
+    monkeypatch.setenv("JAX_PLATFORMS", "cuda")
+    assert cli.main(["memory", *TINY_NET]) == 2
+    assert "JAX could not start a backend for JAX_PLATFORMS=cuda" in one_line_error(
+        capsys, "memory")
+
+
 def test_an_unknown_command_or_option_is_one_line(capsys):
     assert cli.main(["bogus"]) == 2
     err = capsys.readouterr().err
@@ -398,6 +409,7 @@ SIDECARS = [
      "grid nodes in 0..683"),
     ('{"config": {', "not valid JSON"),
     (b"\xff\xfe garbage", "not a readable JSON text file"),
+    ("[" * 100_000, "nested too deeply"),
 ]
 
 
@@ -426,6 +438,13 @@ def test_unreadable_fixture_files(tmp_path, capsys, no_work):
                         ("absent", "not found")):
         assert cli.main(["reference", str(tmp_path / f"{name}.npz")]) == 2
         assert words in one_line_error(capsys, "reference")
+
+
+def test_a_fixture_larger_than_memory_is_refused_before_reading(monkeypatch, capsys, no_work):
+    monkeypatch.setattr("gclab.model.reference.host_memory_bytes", lambda: 10**5)
+    assert cli.main(["reference", str(TINY_FIXTURE)]) == 2
+    err = one_line_error(capsys, "reference")
+    assert "reading the fixture's arrays" in err and "(97.66 KiB)" in err
 
 
 def test_every_fixture_is_checked_before_any_is_run(tmp_path, capsys, no_work):

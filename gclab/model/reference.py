@@ -43,6 +43,7 @@ from gclab.config import ConfigError, ModelConfig, is_int, is_number
 from gclab.geometry.graphs import build_graphs
 from gclab.geometry.grid_mesh import grid_positions, nearest_flat_faces, point_triangle_distance
 from gclab.geometry.icosahedral import multimesh
+from gclab.limits import TooLarge, host_memory_bytes, require_fits
 from gclab.model.graphcast import (
     graph_inputs,
     graph_inputs_from_arrays,
@@ -108,6 +109,16 @@ def load_fixture(path) -> Fixture:
         raise FixtureError(f"fixture not found: {path}")
     if not zipfile.is_zipfile(path):
         raise FixtureError(f"{path}: not an .npz file (numpy zip archive)")
+    try:
+        with zipfile.ZipFile(path) as z:
+            unpacked = sum(info.file_size for info in z.infolist())
+    except (OSError, zipfile.BadZipFile) as e:
+        raise FixtureError(f"{path}: not a readable .npz fixture ({e})") from None
+    try:
+        require_fits(f"{path}: reading the fixture's arrays ({unpacked:,} bytes unpacked)",
+                     unpacked, host_memory_bytes(), "this machine's memory")
+    except TooLarge as e:
+        raise FixtureError(str(e)) from None
     try:
         with np.load(path, allow_pickle=False) as data:
             arrays = {k: data[k] for k in data.files}
@@ -191,6 +202,8 @@ def _read_sidecar(json_path: Path) -> Optional[dict]:
         sidecar = json.loads(json_path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
         fail(f"not valid JSON ({e})")
+    except RecursionError:
+        fail("not valid JSON (nested too deeply)")
     except (OSError, UnicodeDecodeError) as e:
         fail(f"not a readable JSON text file ({type(e).__name__}: {e})")
     if not isinstance(sidecar, dict):

@@ -198,7 +198,7 @@ def _read_cached(path: Optional[Path], measure: str) -> Optional[dict]:
         return None
     try:
         row = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         problem = f"{type(e).__name__}: {e}"
     else:
         problem = _row_problem(row, measure)
