@@ -7,6 +7,7 @@ Commands:
   timeline   the memory timeline of one training step, as a picture
   sweep      a grid of configs x techniques, compiled and/or measured
   plan       the technique settings that fit a memory budget
+  train      train on synthetic weather, on one device or a layout over several
 
 Every error in what you type is reported in one line naming the problem, with exit
 status 2; a failed check exits with status 1.
@@ -15,22 +16,35 @@ status 2; a failed check exits with status 1.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import functools
 import json
 import os
 import sys
 import time
 from typing import Optional, Sequence
 
+import jax
+import tqdm
+
 from gclab.config import resolve_model
 from gclab.geometry.graphs import build_graphs
 from gclab.measure.compiled import format_bytes
 from gclab.memory.config import RECIPES, REMAT_SPEC_HELP, get_recipe, parse_remat_spec
 from gclab.model.reference import load_fixture, run_checks
+from gclab.parallel import (
+    PARALLEL_SPEC_HELP,
+    ParallelConfig,
+    initialize_processes,
+    parse_parallel_spec,
+    use_cpu_devices,
+)
 from gclab.plots import plot_sweep, plot_timeline
 from gclab.sizing.planner import NothingFits, plan
-from gclab.sizing.step import StepSpec, train_step_memory, train_step_timeline
+from gclab.sizing.step import StepSpec, compile_train_step, train_step_timeline
 from gclab.sizing.sweep import MEASURES, save_sweep, sweep
 from gclab.sizing.sweep import grid as sweep_grid
+from gclab.training.loop import train
 
 
 class UsageError(ValueError):
@@ -142,15 +156,23 @@ def cmd_reference(args) -> int:
 
 
 def cmd_memory(args) -> int:
+    layout = _resolve_parallel(args)
     spec = _spec(args)
-    result = train_step_memory(spec)
-    record = {**result.to_dict(), **spec.describe()}
+    start_devices(layout)
+    compiled = compile_train_step(dataclasses.replace(spec, parallel=layout))
+    spec = compiled.spec
+    record = {**compiled.memory.to_dict(), **spec.describe(),
+              "collectives": compiled.collectives}
     if args.json:
         _print_json(record)
         return 0
     print(f"one training step of {spec.title()}")
     print(f"  parameters       {record['num_params']:>14,}")
-    for key in ("argument_bytes", "output_bytes", "temp_bytes", "alias_bytes", "total_bytes"):
+    keys = ("argument_bytes", "output_bytes", "temp_bytes", "alias_bytes", "total_bytes")
+    if layout.devices > 1:
+        print(f"  per device ({layout.devices} devices, {layout.spec}):")
+        keys += ("collective_bytes",)
+    for key in keys:
         print(f"  {key:<16} {format_bytes(record[key]):>14}")
     print(f"  backend {record['backend']}, compiled in {record['compile_seconds']:.1f} s")
     return 0
@@ -217,6 +239,121 @@ def cmd_plan(args) -> int:
     return 0
 
 
+# ---------------------------------------------------------------------------------------
+# Devices, layouts and training.
+
+
+def _add_parallel_args(p: argparse.ArgumentParser, processes: bool = False) -> None:
+    g = p.add_argument_group("devices (a layout over several devices)")
+    g.add_argument("--devices", type=int,
+                   help="devices of the layout (simulated CPU devices on a CPU; default: the "
+                   "layout's)")
+    g.add_argument("--parallel", metavar="SPEC",
+                   help=f"layout: {PARALLEL_SPEC_HELP} (default data:DEVICES)")
+    if processes:
+        g.add_argument("--coordinator", metavar="HOST:PORT",
+                       help="process 0's address in a multi-process run "
+                       "(default $JAX_COORDINATOR_ADDRESS)")
+        g.add_argument("--num-processes", type=int,
+                       help="processes in the run (default $JAX_NUM_PROCESSES)")
+        g.add_argument("--process-id", type=int,
+                       help="this process's index (default $JAX_PROCESS_ID)")
+
+
+def _resolve_parallel(args) -> ParallelConfig:
+    """The layout of --parallel and --devices (which must agree)."""
+    devices = args.devices
+    if devices is not None and devices < 1:
+        raise UsageError(f"--devices {devices}: an integer >= 1")
+    if args.parallel is None:
+        return ParallelConfig(data=devices or 1)
+    try:
+        layout = parse_parallel_spec(args.parallel)
+    except ValueError:
+        raise UsageError(f"--parallel {args.parallel}: {PARALLEL_SPEC_HELP}; pipeline must "
+                         f"be 1 for now") from None
+    if devices is not None and layout.devices != devices:
+        raise UsageError(f"--parallel {args.parallel}: its axis sizes must multiply to "
+                         f"--devices {devices}, not {layout.devices}")
+    return layout
+
+
+def start_devices(layout: ParallelConfig, processes: int = 1) -> None:
+    """Asks JAX for the layout's devices on CPU (simulated), before its first operation.
+
+    JAX starts its backends lazily, at the first array or device query, and nothing in
+    gclab makes one at import; so the CPU device count is set here, after the options
+    are parsed and before any JAX operation, with no need to re-execute the process. On
+    an accelerator the setting only concerns the CPU and the layout uses the accelerators.
+    """
+    if layout.devices > 1:
+        use_cpu_devices(max(1, layout.devices // processes))
+
+
+def _check_train_args(args) -> None:
+    for option, value, low in (("--train-steps", args.train_steps, 1), ("--batch", args.batch, 1),
+                               ("--rollout", args.rollout, 1), ("--seed", args.seed, 0)):
+        if value < low:
+            raise UsageError(f"{option} {value}: an integer >= {low}")
+    if not args.learning_rate >= 0:
+        raise UsageError(f"--learning-rate {args.learning_rate}: a number >= 0")
+    if args.num_processes is not None and args.num_processes < 1:
+        raise UsageError(f"--num-processes {args.num_processes}: an integer >= 1")
+    if args.process_id is not None and not (
+            0 <= args.process_id < (args.num_processes or 1)):
+        raise UsageError(f"--process-id {args.process_id}: an integer in 0..num-processes - 1")
+    if args.coordinator is not None and not _is_host_port(args.coordinator):
+        raise UsageError(f"--coordinator {args.coordinator}: HOST:PORT with PORT in 1..65535")
+    if args.checkpoint_dir is not None and os.path.exists(args.checkpoint_dir) and not (
+            os.path.isdir(args.checkpoint_dir)):
+        raise UsageError(f"--checkpoint-dir {args.checkpoint_dir}: a directory (this is a file)")
+
+
+def _is_host_port(text: str) -> bool:
+    host, _, port = text.rpartition(":")
+    return bool(host) and port.isdigit() and 1 <= int(port) <= 65535
+
+
+def cmd_train(args) -> int:
+    _check_train_args(args)
+    layout = _resolve_parallel(args)
+    model, task = _resolve_model(args)
+    memory = _resolve_memory(args)
+    processes = args.num_processes or int(os.environ.get("JAX_NUM_PROCESSES", "1") or 1)
+    multiple = layout.data * memory.microbatches
+    if args.batch % multiple:
+        raise UsageError(f"--batch {args.batch}: a multiple of {multiple} (the data axis "
+                         f"times micro-batches)")
+    start_devices(layout, processes)
+    initialize_processes(args.coordinator, args.num_processes, args.process_id)
+    lead = jax.process_index() == 0
+    progress = functools.partial(tqdm.tqdm, desc="gclab train", unit="step", file=sys.stderr,
+                                 disable=not lead or None)
+    result = train(model, task, args.train_steps, batch=args.batch, rollout=args.rollout,
+                   memory=memory, parallel=layout, seed=args.seed,
+                   learning_rate=args.learning_rate, checkpoint_dir=args.checkpoint_dir,
+                   progress=progress)
+    if not lead:
+        return 0
+    record = {"losses": result.losses, "grad_norms": result.grad_norms,
+              "first_step": result.first_step, "steps": result.steps,
+              "checkpoint_step": result.checkpoint, "devices": layout.devices,
+              "parallel": layout.spec, "processes": jax.process_count(),
+              "backend": jax.default_backend(), "model": dataclasses.asdict(model),
+              "levels": task.num_levels, "memory": dataclasses.asdict(memory),
+              "batch": args.batch, "rollout": args.rollout, "seed": args.seed}
+    if args.json:
+        _print_json(record)
+        return 0
+    for k, loss in enumerate(result.losses, start=result.first_step + 1):
+        print(f"  step {k:>5}  loss {loss:.6f}")
+    where = f", saved step {result.checkpoint} to {args.checkpoint_dir}" if (
+        result.checkpoint is not None) else ""
+    print(f"trained to step {result.steps} on {layout.devices} {jax.default_backend()} "
+          f"device(s) ({layout.spec}){where}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gclab", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -235,6 +372,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("memory", help="compiled memory of one training step (no allocation)")
     _add_model_args(p)
     _add_memory_args(p)
+    _add_parallel_args(p)
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_memory)
 
@@ -271,6 +409,20 @@ def build_parser() -> argparse.ArgumentParser:
                    help="verify with compiled figures (auto: where compiling is quick)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_plan)
+
+    p = sub.add_parser("train", help="train on synthetic weather (one device or a layout)")
+    _add_model_args(p)
+    _add_memory_args(p)
+    p.add_argument("--train-steps", type=int, required=True, metavar="K",
+                   help="the step count to reach (a resumed run continues up to it)")
+    p.add_argument("--seed", type=int, default=0, help="seeds the weather and parameters (0)")
+    p.add_argument("--learning-rate", type=float, default=1e-3,
+                   help="peak learning rate (1e-3; warm-up over the first tenth, then cosine)")
+    p.add_argument("--checkpoint-dir", metavar="DIR",
+                   help="resume from the latest checkpoint in DIR, and save there at the end")
+    _add_parallel_args(p, processes=True)
+    p.add_argument("--json", action="store_true", help="print JSON ({\"losses\": [...], ...})")
+    p.set_defaults(func=cmd_train)
     return parser
 
 

@@ -3,6 +3,7 @@
 | module | what it is for |
 |---|---|
 | `compiled` | XLA's compiled memory of a function, from shapes alone |
+| `collectives` | bytes a partitioned program's collectives move per device, from its HLO |
 | `peak` | the measured peak of a workload in a fresh process |
 | `timeline` | the memory timeline of a compiled function, from XLA's buffer assignment |
 | `residuals` | what JAX saves for the backward pass, by module |
@@ -12,6 +13,7 @@
 | `targets` | small workloads for `measure_peak` (tests and the book) |
 """
 
+from gclab.measure.collectives import COLLECTIVES, collective_bytes
 from gclab.measure.compiled import (
     CompiledMemory,
     compile_fn,
@@ -40,7 +42,8 @@ from gclab.measure.timeline import (
 from gclab.measure.timing import median_seconds
 
 __all__ = [
-    "ARGUMENTS_GROUP", "BACKWARD_PREFIX", "CompiledMemory", "HostMemory", "PeakResult",
+    "ARGUMENTS_GROUP", "BACKWARD_PREFIX", "COLLECTIVES", "CompiledMemory", "HostMemory",
+    "PeakResult", "collective_bytes",
     "Timeline", "compile_fn", "compile_timed", "compile_with_timeline", "compiled_memory",
     "format_bytes", "label_op", "measure_peak", "median_seconds", "memory_of_compiled",
     "memory_timeline", "module_of_scope", "op_by_op_bytes", "saved_residuals_df",
