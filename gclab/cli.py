@@ -44,7 +44,7 @@ from gclab.sizing.planner import NothingFits, plan
 from gclab.sizing.step import StepSpec, compile_train_step, train_step_timeline
 from gclab.sizing.sweep import MEASURES, save_sweep, sweep
 from gclab.sizing.sweep import grid as sweep_grid
-from gclab.training.loop import train
+from gclab.training.loop import DEFAULT_SCHEDULE_STEPS, train
 
 
 class UsageError(ValueError):
@@ -292,6 +292,7 @@ def start_devices(layout: ParallelConfig, processes: int = 1) -> None:
 
 def _check_train_args(args) -> None:
     for option, value, low in (("--train-steps", args.train_steps, 1), ("--batch", args.batch, 1),
+                               ("--schedule-steps", args.schedule_steps, 1),
                                ("--rollout", args.rollout, 1), ("--seed", args.seed, 0)):
         if value < low:
             raise UsageError(f"{option} {value}: an integer >= {low}")
@@ -331,7 +332,8 @@ def cmd_train(args) -> int:
                                  disable=not lead or None)
     result = train(model, task, args.train_steps, batch=args.batch, rollout=args.rollout,
                    memory=memory, parallel=layout, seed=args.seed,
-                   learning_rate=args.learning_rate, checkpoint_dir=args.checkpoint_dir,
+                   learning_rate=args.learning_rate, schedule_steps=args.schedule_steps,
+                   checkpoint_dir=args.checkpoint_dir,
                    progress=progress)
     if not lead:
         return 0
@@ -417,7 +419,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the step count to reach (a resumed run continues up to it)")
     p.add_argument("--seed", type=int, default=0, help="seeds the weather and parameters (0)")
     p.add_argument("--learning-rate", type=float, default=1e-3,
-                   help="peak learning rate (1e-3; warm-up over the first tenth, then cosine)")
+                   help="peak learning rate (1e-3)")
+    p.add_argument("--schedule-steps", type=int, default=DEFAULT_SCHEDULE_STEPS,
+                   help=f"length of the learning-rate schedule: warm-up over its first tenth, "
+                   f"then cosine decay ({DEFAULT_SCHEDULE_STEPS}; keep it when resuming)")
     p.add_argument("--checkpoint-dir", metavar="DIR",
                    help="resume from the latest checkpoint in DIR, and save there at the end")
     _add_parallel_args(p, processes=True)

@@ -79,11 +79,19 @@ class StepSpec:
         return name if self.memory.precision == "f32" else f"{name}/{self.memory.precision}"
 
     def to_json(self) -> dict:
-        """A JSON-able dict that `StepSpec.from_json` turns back into this spec."""
-        return {"model": dataclasses.asdict(self.model), "levels": list(self.task.pressure_levels),
-                "precipitation_input": self.task.precipitation_input,
-                "memory": dataclasses.asdict(self.memory), "batch": self.batch,
-                "rollout": self.rollout, "parallel": dataclasses.asdict(self.parallel)}
+        """A JSON-able dict that `StepSpec.from_json` turns back into this spec.
+
+        The layout appears only when it has several devices, so one-device records (and
+        the sweep cache keys made from them) are those of before layouts existed.
+        """
+        record = {"model": dataclasses.asdict(self.model),
+                  "levels": list(self.task.pressure_levels),
+                  "precipitation_input": self.task.precipitation_input,
+                  "memory": dataclasses.asdict(self.memory), "batch": self.batch,
+                  "rollout": self.rollout}
+        if self.parallel.devices > 1:
+            record["parallel"] = dataclasses.asdict(self.parallel)
+        return record
 
     @classmethod
     def from_json(cls, record: dict) -> "StepSpec":
@@ -103,7 +111,7 @@ class StepSpec:
         return title
 
     def describe(self) -> dict:
-        """The resolved config as a flat JSON-able dict."""
+        """The resolved config as a flat JSON-able dict (with `devices` and `parallel`)."""
         return {**{f"model.{k}": v for k, v in dataclasses.asdict(self.model).items()},
                 "task.levels": self.task.num_levels,
                 "task.precipitation_input": self.task.precipitation_input,

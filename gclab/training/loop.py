@@ -1,8 +1,9 @@
 """A training run on synthetic weather: one device or a mesh, with checkpoints to resume.
 
 `train` runs K steps of `make_train_step` (or `make_sharded_train_step` over a layout)
-on `SyntheticWeather`. Step k's batch depends on the seed and on k only, and the
-parameters on the seed only, so a run that is stopped, saved and resumed
+on `SyntheticWeather`. Step k's batch depends on the seed and on k only, the parameters
+on the seed only, and the learning-rate schedule on its own length (`schedule_steps`, not
+the step count a run stops at), so a run that is stopped, saved and resumed
 (`checkpoint_dir`, orbax-checkpoint) continues with exactly the losses an uninterrupted
 run has. In a multi-process run every process calls `train` with the same arguments:
 each builds the same host batch and places its own devices' shards.
@@ -61,6 +62,9 @@ class TrainResult:
     checkpoint: Optional[int] = None
 
 
+DEFAULT_SCHEDULE_STEPS = 1000  # TrainConfig's default length
+
+
 def batch_start(step: int, batch: int) -> int:
     """The first frame of step `step`'s batch: batches never share a sample."""
     return 1 + step * batch * SAMPLE_SPACING
@@ -102,7 +106,8 @@ def save_state(directory: str, state: TrainState) -> int:
 def train(model: ModelConfig, task: TaskConfig, steps: int, *, batch: int = 1,
           rollout: int = 1, memory: Optional[MemoryConfig] = None,
           parallel: Optional[ParallelConfig] = None, seed: int = 0,
-          learning_rate: float = 1e-3, checkpoint_dir: Optional[str] = None,
+          learning_rate: float = 1e-3, schedule_steps: int = DEFAULT_SCHEDULE_STEPS,
+          checkpoint_dir: Optional[str] = None,
           progress: Optional[Callable] = None) -> TrainResult:
     """Trains `model` on synthetic weather for `steps` steps (or up to it, when resuming).
 
@@ -116,6 +121,8 @@ def train(model: ModelConfig, task: TaskConfig, steps: int, *, batch: int = 1,
         `jax.devices()` (every process's, in a multi-process run).
       seed: seeds the synthetic weather and the parameters.
       learning_rate: the peak of the schedule (`schedule`).
+      schedule_steps: the schedule's length (warm-up over its first tenth, then cosine
+        decay); a resumed run must keep it.
       checkpoint_dir: resume from the latest checkpoint here, if any, and save the state
         at the end.
       progress: wraps the range of steps (e.g. `tqdm.tqdm`); None: no wrapping.
@@ -136,7 +143,7 @@ def train(model: ModelConfig, task: TaskConfig, steps: int, *, batch: int = 1,
     net = make_network(model, task.data_channels, task.output_channels, memory)
     weather = SyntheticWeather(task, model.resolution, seed=seed)
     norm = weather.normalization()
-    optimizer = make_optimizer(schedule(steps, learning_rate))
+    optimizer = make_optimizer(schedule(schedule_steps, learning_rate))
     weights = loss_weights(task, graphs.grid_lat, graphs.n_lon)
     first = weather.make_batch(batch, rollout, batch_start(0, batch))
     params = net.init(jax.random.PRNGKey(seed), graph, first.inputs)

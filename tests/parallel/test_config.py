@@ -82,10 +82,10 @@ ENTRY %main (a: f32[4,2]) -> f32[8] {
   %ag = f32[16,2]{1,0} all-gather(f32[4,2]{1,0} %a), dimensions={0}
   %ags = (f32[4,2]{1,0}, bf16[16,2]{1,0}) all-gather-start(f32[4,2]{1,0} %a), dimensions={0}
   %agd = bf16[16,2]{1,0} all-gather-done((f32[4,2]{1,0}, bf16[16,2]{1,0}) %ags)
-  %w = (s32[], f32[8]{0}) while(%init), condition=%cond, body=%body, backend_config={"known_trip_count":{"n":"5"}}
+  %w = (s32[], f32[8]{0}) while(%init), condition=%cond, body=%body, TRIPS
   ROOT %rs = f32[2]{0} reduce-scatter(f32[8]{0} %y), dimensions={0}, to_apply=%add
 }
-"""
+""".replace("TRIPS", 'backend_config={"known_trip_count":{"n":"5"}}')
 
 
 def test_collective_bytes_count_results_once_per_execution():
@@ -95,3 +95,17 @@ def test_collective_bytes_count_results_once_per_execution():
     assert counts["reduce-scatter"] == 2 * 4
     assert counts["total"] == counts["all-gather"] + counts["all-reduce"] + 8
     assert collective_bytes("")["total"] == 0
+
+
+def test_step_spec_carries_a_layout():
+    from gclab.config import ModelConfig, TaskConfig
+    from gclab.sizing.step import StepSpec
+
+    model, task = ModelConfig(resolution=6.0, mesh_splits=2), TaskConfig.from_levels(13)
+    one = StepSpec(model, task)
+    assert "parallel" not in one.to_json()  # one-device records are unchanged
+    spec = StepSpec(model, task, batch=4, parallel=parse_parallel_spec("data:2,spatial:2"))
+    assert StepSpec.from_json(spec.to_json()) == spec
+    assert spec.describe()["devices"] == 4 and spec.describe()["parallel"] == "data:2,spatial:2"
+    with pytest.raises(ValueError, match="StepSpec.batch=3 is invalid"):
+        StepSpec(model, task, batch=3, parallel=ParallelConfig(data=2))
