@@ -202,13 +202,53 @@ def _all_params(cfg: ModelConfig, data_channels: int, output_channels: int) -> d
 
 
 def layer_norm(x: Array, scale: Array, offset: Array) -> Array:
-    """LayerNorm over the last axis (biased variance, eps 1e-5); statistics in float32."""
+    """LayerNorm over the last axis (biased variance, eps 1e-5); statistics in float32.
+
+    Below float32 (bfloat16), the output is computed in float32 and rounded once to the
+    input's dtype, and the backward pass keeps only the input: it recomputes the float32
+    statistics, so no float32 copy of a normalised activation is saved for it.
+    """
+    if jnp.promote_types(x.dtype, jnp.float32) == x.dtype:
+        return _layer_norm(x, scale, offset)
+    return _low_precision_layer_norm(x, scale, offset)
+
+
+def _layer_norm(x: Array, scale: Array, offset: Array) -> Array:
     dtype = x.dtype
     x = x.astype(jnp.promote_types(dtype, jnp.float32))
     mean = jnp.mean(x, axis=-1, keepdims=True)
     var = jnp.var(x, axis=-1, keepdims=True)
     y = (x - mean) * (scale.astype(x.dtype) * jax.lax.rsqrt(var + LAYER_NORM_EPS))
     return (y + offset.astype(x.dtype)).astype(dtype)
+
+
+@jax.custom_vjp
+def _low_precision_layer_norm(x: Array, scale: Array, offset: Array) -> Array:
+    return _layer_norm(x, scale, offset)
+
+
+def _low_precision_layer_norm_fwd(x, scale, offset):
+    return _layer_norm(x, scale, offset), (x, scale, offset)
+
+
+def _low_precision_layer_norm_bwd(res, g):
+    x, scale, offset = res
+    f32 = jnp.float32
+    xf = x.astype(f32)  # [..., L]
+    mean = jnp.mean(xf, axis=-1, keepdims=True)
+    rstd = jax.lax.rsqrt(jnp.var(xf, axis=-1, keepdims=True) + LAYER_NORM_EPS)  # [..., 1]
+    xhat = (xf - mean) * rstd  # [..., L]
+    g = g.astype(f32)
+    rows = tuple(range(x.ndim - 1))
+    d_offset = jnp.sum(g, axis=rows)  # [L]
+    d_scale = jnp.sum(g * xhat, axis=rows)  # [L]
+    d_xhat = g * scale.astype(f32)
+    dx = rstd * (d_xhat - jnp.mean(d_xhat, axis=-1, keepdims=True)
+                 - xhat * jnp.mean(d_xhat * xhat, axis=-1, keepdims=True))
+    return dx.astype(x.dtype), d_scale.astype(scale.dtype), d_offset.astype(offset.dtype)
+
+
+_low_precision_layer_norm.defvjp(_low_precision_layer_norm_fwd, _low_precision_layer_norm_bwd)
 
 
 def _hidden(p: Params, h: Array) -> Array:
