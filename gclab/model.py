@@ -25,6 +25,7 @@ from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 import haiku as hk
 import jax
+import jax.extend
 import jax.numpy as jnp
 import jraph
 import numpy as np
@@ -501,6 +502,8 @@ def _scan_steps(step: Callable, carry, stacked: dict, mem: MemoryConfig):
     def scan(body, carry, xs, offset, stride=1):
         # The scope names which steps the loop's iterations are (offset + k * stride,
         # relative to an enclosing step loop), for `gclab.timeline`'s step labels.
+        if any(a.dtype == jnp.bfloat16 for a in jax.tree_util.tree_leaves(carry)):
+            body = residuals_as_bits(body)
         with jax.named_scope(step_scope(offset, stride)):
             return jax.lax.scan(body, carry, xs)
 
@@ -609,6 +612,49 @@ def _blocked_decoder(P, graph, grid, mesh, mem, P_enc, inputs) -> Array:
 
 def _cast_params(tree: Any, dtype) -> Any:
     return jax.tree_util.tree_map(lambda a: a.astype(dtype), tree)
+
+
+def residuals_as_bits(fn: Callable) -> Callable:
+    """`fn` whose bfloat16 residuals for the backward pass are kept as uint16 bit patterns.
+
+    Same values, same gradients. It matters for the body of a `lax.scan`: the scan stacks
+    the residuals of its iterations `[S, ...]`, and the backward loop reads one slice per
+    iteration. XLA:CPU runs no bfloat16 op natively, not even a dynamic slice: its float
+    normalization converts the slice's whole operand to float32, and as that operand is
+    the same in every iteration, loop-invariant code motion hoists the conversion out of
+    the loop: a float32 copy of all stacked residuals, alive for the whole backward pass.
+    Integers are never converted, so residuals stored as uint16 stay 2 bytes an element;
+    each iteration turns its own slice back into bfloat16. Used by the processor's step
+    scans under bfloat16 (float32 runs are unchanged).
+    """
+
+    saved = {}
+
+    @jax.custom_vjp
+    def wrapped(*args):
+        return fn(*args)
+
+    def fwd(*args):
+        out, pullback = jax.vjp(fn, *args)
+        # The pullback as a jaxpr: its constants are the residuals (no tracer stays behind
+        # in a Python closure, so the backward pass may be traced anywhere).
+        closed, saved["grads"] = jax.make_jaxpr(pullback, return_shape=True)(out)
+        saved["jaxpr"] = closed.jaxpr
+        saved["bits"] = [np.dtype(c.dtype) == jnp.bfloat16 for c in closed.consts]
+        return out, [jax.lax.bitcast_convert_type(c, jnp.uint16) if bits else c
+                     for c, bits in zip(closed.consts, saved["bits"])]
+
+    def bwd(res, ct):
+        consts = [jax.lax.bitcast_convert_type(c, jnp.bfloat16) if bits else c
+                  for c, bits in zip(res, saved["bits"])]
+        pullback = jax.extend.core.jaxpr_as_fun(
+            jax.extend.core.ClosedJaxpr(saved["jaxpr"], consts))
+        grads = pullback(*jax.tree_util.tree_leaves(ct))
+        return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(saved["grads"]),
+                                            grads)
+
+    wrapped.defvjp(fwd, bwd)
+    return wrapped
 
 
 def stage_checkpoint(fn: Callable) -> Callable:
