@@ -13,7 +13,7 @@ stated in `tests/test_techniques.py`.
 | `processor_edge_blocks` | the same blocks for the processor's edge updates | removes the `[E, B, 3L]` concatenation of each processor step | as above |
 | `stream_grid_nodes` | grid-node latents are computed block by block where they are used (encoder edge blocks, decoder blocks) | no `[Ng, B, L]` array at all: memory no longer grows with the grid | the grid embedding runs once per grid2mesh edge and once more in the decoder |
 | `gather_after_matmul` | split the first layer of each edge MLP: `W [e, v_s, v_r] = W_e e + (W_s v)[s] + (W_r v)[r]` | no `[E, B, 3L]` concatenation; matmuls on nodes instead of edges | fewer FLOPs (nodes are fewer than edges) |
-| `precision` | `bf16`: bfloat16 activations and compute, float32 parameters, gradients and optimizer state; encoder edge sum in float32 | about half the activation bytes on GPU/TPU (not on XLA:CPU, which upcasts) | faster matmuls on GPU/TPU |
+| `precision` | `bf16`: bfloat16 activations and compute, float32 parameters, gradients and optimizer state; encoder edge sum in float32; what the backward pass keeps is bfloat16 (LayerNorm keeps only its input, scanned residuals are stored as uint16 bits so that XLA:CPU makes no float32 copy of them) | saved activations halved; XLA:CPU compiled temp 0.5-0.75x float32 (its kernels still compute in float32) | faster matmuls on GPU/TPU |
 | `float32_aggregation` | sum incoming messages in float32 everywhere (not only in the encoder) | one float32 `[N, B, L]` buffer per sum | small |
 | `rollout_remat` | each autoregressive step of a rollout under its own checkpoint | grows far slower than T | one extra forward per step |
 | `microbatches` | gradient accumulation over this many micro-batches | activations of B / k samples | none (sequential) |
@@ -60,6 +60,8 @@ class MemoryConfig:
         nodes (needs `edge_block_size`). Removes every `[Ng, B, L]` array, at the cost
         of embedding each grid node once more per outgoing grid2mesh edge.
       precision: `f32` or `bf16` (bfloat16 activations, float32 parameters and gradients).
+        Roughly halves what the backward pass keeps; gradients change by bfloat16
+        rounding (within the tolerances of `tests/test_techniques.py`).
       float32_aggregation: sum messages in float32 everywhere (the encoder always does).
       rollout_remat: checkpoint each autoregressive step of a rollout.
       microbatches: gradient accumulation over this many micro-batches (1: off).

@@ -110,7 +110,7 @@ BF16_GRAD_TOL = 1e-1
 BF16_COSINE = 0.995
 
 
-@pytest.mark.parametrize("recipe", ["none", "lean"])
+@pytest.mark.parametrize("recipe", list(RECIPES))
 def test_bfloat16_within_stated_tolerance(recipe, setup, baseline):
     graph, inputs, _, params = setup
     mem = get_recipe(recipe, "bf16")

@@ -1,0 +1,109 @@
+"""bfloat16 keeps only bfloat16 activations for the backward pass, and so lowers memory.
+
+The published scheme: parameters stay float32 and are cast to bfloat16 where they are
+read, inputs are cast to bfloat16, the encoder's grid2mesh edge sum runs in float32 and
+the outputs are cast back to float32. What the backward pass keeps is bfloat16: LayerNorm
+saves only its bfloat16 input (`gclab.model.layer_norm`), and the processor's scans keep
+their stacked residuals as uint16 bit patterns (`gclab.model.residuals_as_bits`), which
+XLA:CPU does not copy to float32. Savings: XLA:CPU compiled temp bytes of one
+loss-and-gradient computation, from shapes (deterministic, nothing is timed).
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from gclab.config import ModelConfig
+from gclab.graphs import build_graphs
+from gclab.model import _layer_norm, graph_inputs, layer_norm, make_network, residuals_as_bits
+from gclab.techniques import RECIPES, get_recipe
+
+C, O = 5, 4
+# 10 deg / 2 splits, 4 x 32; the recipes' edge blocks are scaled down to this graph.
+CFG = ModelConfig(resolution=10.0, mesh_splits=2, latent_size=32, processor_steps=4)
+BLOCK = 300
+# bfloat16 compiled temp of every recipe <= this fraction of its float32 temp.
+BF16_TEMP_FRACTION = 0.8
+
+
+@pytest.fixture(scope="module")
+def abstract():
+    graph = graph_inputs(build_graphs(CFG.resolution, CFG.mesh_splits))
+    shapes = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), graph)
+    inputs = jax.ShapeDtypeStruct((graph.grid_nodes.shape[0], 1, C), jnp.float32)
+    return shapes, inputs
+
+
+def compiled_temp(mem, abstract):
+    graph, inputs = abstract
+    net = make_network(CFG, C, O, mem)
+    params = jax.eval_shape(net.init, jax.random.PRNGKey(0), graph, inputs)
+
+    def loss(p, g, x):
+        return jnp.mean(net.apply(p, g, x) ** 2)
+
+    lowered = jax.jit(jax.grad(loss)).lower(params, graph, inputs)
+    # Read, never run: LLVM optimisation off (the memory plan is the same).
+    compiled = lowered.compile(compiler_options={"xla_backend_optimization_level": 0})
+    return compiled.memory_analysis().temp_size_in_bytes
+
+
+@pytest.mark.parametrize("recipe", list(RECIPES))
+def test_bfloat16_temp_is_at_most_a_fraction_of_float32(recipe, abstract):
+    mems = {p: get_recipe(recipe, p) for p in ("f32", "bf16")}
+    mems = {p: m.replace(edge_block_size=BLOCK) if m.edge_block_size else m
+            for p, m in mems.items()}
+    f32, bf16 = (compiled_temp(mems[p], abstract) for p in ("f32", "bf16"))
+    assert bf16 <= BF16_TEMP_FRACTION * f32
+
+
+def _bf16_rows(key, shape=(64, 3, 32)):
+    return (3.0 + 2.0 * jax.random.normal(key, shape)).astype(jnp.bfloat16)
+
+
+def test_bfloat16_layer_norm_saves_only_its_input():
+    x = _bf16_rows(jax.random.PRNGKey(0))
+    scale, offset = jnp.ones(32, jnp.bfloat16), jnp.zeros(32, jnp.bfloat16)
+    residuals = jax.tree_util.tree_leaves(jax.vjp(layer_norm, x, scale, offset)[1])
+    assert all(r.dtype == jnp.bfloat16 for r in residuals)
+    assert sum(r.size for r in residuals) == x.size + 2 * 32
+
+
+def test_bfloat16_layer_norm_is_the_float32_one_rounded_once():
+    keys = jax.random.split(jax.random.PRNGKey(1), 4)
+    x = _bf16_rows(keys[0])
+    scale = (1 + 0.3 * jax.random.normal(keys[1], (32,))).astype(jnp.bfloat16)
+    offset = (0.3 * jax.random.normal(keys[2], (32,))).astype(jnp.bfloat16)
+    g = jax.random.normal(keys[3], x.shape).astype(jnp.bfloat16)
+    y, pullback = jax.vjp(layer_norm, x, scale, offset)
+    f32 = [a.astype(jnp.float32) for a in (x, scale, offset)]
+    y32, pullback32 = jax.vjp(_layer_norm, *f32)
+    assert y.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(y, y32.astype(jnp.bfloat16))
+    for got, want in zip(pullback(g), pullback32(g.astype(jnp.float32))):
+        assert got.dtype == jnp.bfloat16
+        # Rounded once from float32 (the float32 reference sums in another order).
+        np.testing.assert_allclose(np.float32(got), np.float32(want), rtol=8e-3, atol=1e-4)
+
+
+def test_residuals_as_bits_keeps_values_and_stores_uint16():
+    def step(carry, w):
+        h = jnp.tanh(carry @ w)  # [N, L]
+        return h, None
+
+    key = jax.random.PRNGKey(2)
+    carry = jax.random.normal(key, (16, 8)).astype(jnp.bfloat16)
+    ws = (0.5 * jax.random.normal(key, (5, 8, 8))).astype(jnp.bfloat16)
+
+    def loss(body, carry, ws):
+        out, _ = jax.lax.scan(body, carry, ws)
+        return jnp.sum(out.astype(jnp.float32) ** 2)
+
+    plain = jax.grad(loss, argnums=(1, 2))(step, carry, ws)
+    bits = jax.grad(loss, argnums=(1, 2))(residuals_as_bits(step), carry, ws)
+    for a, b in zip(plain, bits):
+        np.testing.assert_array_equal(a, b)
+    _, pullback = jax.vjp(residuals_as_bits(step), carry, ws[0])
+    residuals = jax.tree_util.tree_leaves(pullback)
+    assert residuals and all(r.dtype != jnp.bfloat16 for r in residuals)
