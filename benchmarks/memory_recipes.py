@@ -8,12 +8,19 @@ hardware and date.
 
     python benchmarks/memory_recipes.py            # everything (about 10 minutes on 2 cores)
     python benchmarks/memory_recipes.py --quick    # 4 deg presets only
+    python benchmarks/memory_recipes.py --only bf16  # re-measure the bf16 rows only
 
 Targets (GRAPHCAST.md figures are the official code's, XLA:CPU, compiled temp):
   * graphcast-small, f32: `none` <= 42.8 GiB; `deepmind` <= none / 8; `lean` <= none / 15.
   * graphcast (0.25 deg, 37 levels), f32: `lean` <= 16 GiB of temp.
   * rollout with remat, 4 deg / 3 splits, 16 x 512: temp(T=12) <= 1.5 x temp(T=1).
   * time: 4 deg / 3 splits, 16 x 512: `deepmind` step time <= 1.4 x `none` (median).
+  * bfloat16: `none` <= the official code's 30.0 GiB (graphcast-small) and 230.8 GiB
+    (graphcast); every recipe's bfloat16 temp <= 0.8 x its float32 temp; and the authors'
+    claim, `deepmind` at 0.25 deg in 32 GiB (compiled total: arguments + outputs + temp).
+
+The bfloat16 error against float32 of the two LayerNorm rules (gclab's float32 statistics,
+and Haiku's LayerNorm computed in bfloat16 as the official code does) is recorded too.
 """
 
 from __future__ import annotations
@@ -29,8 +36,9 @@ import time
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 
-from gclab import __version__
+from gclab import __version__, model
 from gclab.config import get_preset
 from gclab.footprint import StepSpec, make_live_step, train_step_memory
 from gclab.measure import format_bytes
@@ -40,6 +48,9 @@ GIB = 2**30
 RESULTS = Path(__file__).parent / "results"
 OFFICIAL_GIB = {("graphcast-small", "f32"): 42.8, ("graphcast-small", "bf16"): 30.0,
                 ("graphcast", "bf16"): 230.8}
+BF16_FRACTION = 0.8  # every recipe's bfloat16 temp <= this x its float32 temp
+TPU_V4_GIB = 32.0  # the authors trained the 0.25 deg model in 32 GB per TPU v4 chip
+GCLAB_LAYER_NORM = model.layer_norm
 
 
 def hardware() -> dict:
@@ -99,11 +110,82 @@ def step_times(preset_name: str, recipes=("none", "deepmind", "lean"), repeats=7
             "all_seconds": times}
 
 
+def haiku_layer_norm(x, scale, offset):
+    """Haiku's `LayerNorm` as the official code runs it under bfloat16: in the input's dtype."""
+    if x.dtype == jnp.float32:
+        return GCLAB_LAYER_NORM(x, scale, offset)
+    mean = jnp.mean(x, axis=-1, keepdims=True)
+    var = jnp.var(x, axis=-1, keepdims=True)
+    inv = scale.astype(x.dtype) * jax.lax.rsqrt(var + jnp.asarray(model.LAYER_NORM_EPS,
+                                                                   var.dtype))
+    return inv * (x - mean) + offset.astype(x.dtype)
+
+
+def layer_norm_errors(preset_name: str = "cpu-4x32", recipes=("none", "deepmind")) -> list:
+    """bfloat16 against float32 (outputs, loss gradients) under each LayerNorm rule.
+
+    Random parameters (biases and norms away from their initial values), inputs and
+    targets; relative L2 errors of the outputs and of the whole gradient, the worst
+    parameter's, and the gradient's cosine with the float32 one.
+    """
+    from gclab.graphs import graphs_for
+    from gclab.model import graph_inputs, make_network
+
+    preset = get_preset(preset_name)
+    graph = graph_inputs(graphs_for(preset.model))
+    c, o = preset.task.data_channels, preset.task.output_channels
+    keys = jax.random.split(jax.random.PRNGKey(0), 4)
+    inputs = jax.random.normal(keys[0], (graph.grid_nodes.shape[0], 1, c))
+    targets = jax.random.normal(keys[1], (graph.grid_nodes.shape[0], 1, o))
+    params = make_network(preset.model, c, o).init(keys[2], graph, inputs)
+    leaves, tree = jax.tree_util.tree_flatten(params)
+    params = jax.tree_util.tree_unflatten(tree, [
+        a + 0.2 * jax.random.normal(k, a.shape)
+        for a, k in zip(leaves, jax.random.split(keys[3], len(leaves)))])
+
+    def run(recipe, precision):
+        net = make_network(preset.model, c, o, get_recipe(recipe, precision))
+
+        def loss(p):
+            out = net.apply(p, graph, inputs)
+            return jnp.mean((out - targets) ** 2), out
+
+        (_, out), grads = jax.jit(jax.value_and_grad(loss, has_aux=True))(params)
+        return out, jax.tree_util.tree_leaves(grads)
+
+    rows = []
+    rules = {"float32 statistics (gclab)": GCLAB_LAYER_NORM,
+             "bfloat16, as Haiku (official code)": haiku_layer_norm}
+    for recipe in recipes:
+        out32, g32 = run(recipe, "f32")
+        flat32 = jnp.concatenate([g.ravel() for g in g32])
+        for rule, fn in rules.items():
+            original, model.layer_norm = model.layer_norm, fn
+            try:
+                out16, g16 = run(recipe, "bf16")
+            finally:
+                model.layer_norm = original
+            flat16 = jnp.concatenate([g.ravel() for g in g16])
+            worst = max(float(jnp.linalg.norm(a - b) / jnp.linalg.norm(b))
+                        for a, b in zip(g16, g32)
+                        if float(jnp.linalg.norm(b)) > 1e-3 * float(jnp.linalg.norm(flat32)))
+            row = {"preset": preset_name, "recipe": recipe, "layer_norm": rule,
+                   "output_rel": float(jnp.linalg.norm(out16 - out32) / jnp.linalg.norm(out32)),
+                   "grad_rel": float(jnp.linalg.norm(flat16 - flat32) / jnp.linalg.norm(flat32)),
+                   "worst_param_grad_rel": worst,
+                   "grad_cosine": float(flat16 @ flat32 / (jnp.linalg.norm(flat16)
+                                                           * jnp.linalg.norm(flat32)))}
+            rows.append(row)
+            print(f"layer norm {rule:<36} {recipe:<9} output {row['output_rel']:.4f} "
+                  f"gradient {row['grad_rel']:.4f}", flush=True)
+    return rows
+
+
 def targets(rows, rollouts, timing) -> list:
-    def temp(preset, precision, recipe):
+    def temp(preset, precision, recipe, key="temp_bytes"):
         for r in rows:
             if (r["preset"], r["precision"], r["recipe"]) == (preset, precision, recipe):
-                return r["temp_bytes"]
+                return r[key]
         return None
 
     out = []
@@ -124,6 +206,21 @@ def targets(rows, rollouts, timing) -> list:
     lean_full = temp("graphcast", "f32", "lean")
     if lean_full is not None:
         add("graphcast (0.25 deg, 37 levels) f32 lean <= 16 GiB", lean_full / GIB, 16.0)
+    for preset, title in (("graphcast-small", "graphcast-small"),
+                          ("graphcast", "graphcast (0.25 deg, 37 levels)")):
+        none16 = temp(preset, "bf16", "none")
+        if none16 is not None:
+            official = OFFICIAL_GIB[(preset, "bf16")]
+            add(f"{title} bf16 none <= official {official} GiB", none16 / GIB, official)
+        for recipe in RECIPES:
+            t32, t16 = temp(preset, "f32", recipe), temp(preset, "bf16", recipe)
+            if t32 and t16:
+                add(f"{title} {recipe}: bf16 temp <= {BF16_FRACTION} x f32", t16 / t32,
+                    BF16_FRACTION, "ratio")
+    deepmind16 = temp("graphcast", "bf16", "deepmind", "total_bytes")
+    if deepmind16 is not None:
+        add(f"graphcast (0.25 deg, 37 levels) bf16 deepmind total <= {TPU_V4_GIB:g} GiB "
+            "(TPU v4, as published)", deepmind16 / GIB, TPU_V4_GIB)
     if rollouts:
         by = {(r["rollout"], r["rollout_remat"]): r["temp_bytes"] for r in rollouts}
         add("rollout remat: temp(T=12) <= 1.5 x temp(T=1)", by[(12, True)] / by[(1, True)], 1.5,
@@ -134,13 +231,13 @@ def targets(rows, rollouts, timing) -> list:
     return out
 
 
-def markdown(hw, rows, rollouts, timing, checks) -> str:
+def markdown(hw, rows, rollouts, timing, checks, norms=()) -> str:
     lines = [f"# Compiled memory of one training step ({hw['backend']})", "",
              f"Hardware: {hw['device']} ({hw['platform']}, {hw['cpu_count']} cores); "
              f"jax {hw['jax']}; gclab {hw['gclab']}; {hw['date']}.",
              "XLA compiled memory analysis of one training step (loss + gradients + AdamW "
-             "update), batch 1, one target step. On XLA:CPU bfloat16 does not halve temp "
-             "(the CPU compiler computes in float32).", "",
+             "update), batch 1, one target step. XLA:CPU computes bfloat16 in float32 inside "
+             "its kernels, so bfloat16 halves what is kept, not every temporary.", "",
              "| preset | precision | recipe | temp | total | official code |",
              "|---|---|---|---:|---:|---:|"]
     for r in rows:
@@ -149,6 +246,27 @@ def markdown(hw, rows, rollouts, timing, checks) -> str:
         lines.append(f"| {r['preset']} | {r['precision']} | {r['recipe']} | "
                      f"{format_bytes(r['temp_bytes'])} | {format_bytes(r['total_bytes'])} | "
                      f"{f'{official} GiB' if official else ''} |")
+    by_key = {(r["preset"], r["precision"], r["recipe"]): r for r in rows}
+    pairs = [(by_key[(p, "f32", r)], by_key[(p, "bf16", r)]) for p, prec, r in by_key
+             if prec == "f32" and (p, "bf16", r) in by_key]
+    if pairs:
+        lines += ["", "bfloat16 against float32 (compiled temp; total = arguments + outputs + "
+                  "temp):", "", "| preset | recipe | f32 temp | bf16 temp | bf16 / f32 | "
+                  "bf16 total |", "|---|---|---:|---:|---:|---:|"]
+        for a, b in pairs:
+            lines.append(f"| {a['preset']} | {a['recipe']} | {format_bytes(a['temp_bytes'])} | "
+                         f"{format_bytes(b['temp_bytes'])} | "
+                         f"{b['temp_bytes'] / a['temp_bytes']:.2f} | "
+                         f"{format_bytes(b['total_bytes'])} |")
+    if norms:
+        lines += ["", f"bfloat16 error against float32 by LayerNorm rule ({norms[0]['preset']}, "
+                  "random parameters and data; relative L2):", "",
+                  "| recipe | LayerNorm | outputs | gradient | worst parameter | cosine |",
+                  "|---|---|---:|---:|---:|---:|"]
+        for n in norms:
+            lines.append(f"| {n['recipe']} | {n['layer_norm']} | {n['output_rel']:.4f} | "
+                         f"{n['grad_rel']:.4f} | {n['worst_param_grad_rel']:.4f} | "
+                         f"{n['grad_cosine']:.5f} |")
     if rollouts:
         lines += ["", "Rollout (per-step remat in the processor), temp by rollout length T:", "",
                   "| T | without rollout remat | with rollout remat |", "|---:|---:|---:|"]
@@ -170,20 +288,44 @@ def markdown(hw, rows, rollouts, timing, checks) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="4 deg presets only")
+    parser.add_argument("--only", choices=["f32", "bf16"],
+                        help="re-measure this precision's rows (and, for bf16, the LayerNorm "
+                             "errors); keep everything else of the recorded file")
     args = parser.parse_args()
     hw = hardware()
     presets = ["cpu-16x512"] if args.quick else ["cpu-16x512", "graphcast-small", "graphcast"]
-    rows = recipe_table(presets, ["f32", "bf16"])
-    rollouts = rollout_rows("cpu-16x512")
-    timing = step_times("cpu-16x512")
-    checks = targets(rows, rollouts, timing)
+    path = RESULTS / f"memory-{hw['backend']}.json"
+    if args.only:
+        record = json.loads(path.read_text())
+        order = {p: i for i, p in enumerate(presets)}
+        rows = [r for r in record["recipes"] if r["precision"] != args.only]
+        rows += recipe_table(presets, [args.only])
+        rows.sort(key=lambda r: (order.get(r["preset"], len(order)),
+                                 r["precision"] != "f32", list(RECIPES).index(r["recipe"])))
+        rollouts, timing = record["rollout"], record["step_time"]
+        norms = (layer_norm_errors() if args.only == "bf16"
+                 else record.get("layer_norm_bf16_error", []))
+        record.update(recipes=rows, layer_norm_bf16_error=norms)
+        record[f"hardware_{args.only}"] = hw
+    else:
+        rows = recipe_table(presets, ["f32", "bf16"])
+        rollouts = rollout_rows("cpu-16x512")
+        timing = step_times("cpu-16x512")
+        norms = layer_norm_errors()
+        record = {"hardware": hw, "recipes": rows, "rollout": rollouts, "step_time": timing,
+                  "layer_norm_bf16_error": norms}
+    record["targets"] = checks = targets(rows, rollouts, timing)
+    text = markdown(record["hardware"], rows, rollouts, timing, checks, norms)
+    for precision in ("f32", "bf16"):
+        if f"hardware_{precision}" in record:
+            again = record[f"hardware_{precision}"]
+            text = text.replace("\n\n", f"\n\nThe {precision} rows were measured again on "
+                                f"{again['device']} ({again['cpu_count']} cores), jax "
+                                f"{again['jax']}, {again['date']}.\n", 1)
     RESULTS.mkdir(parents=True, exist_ok=True)
-    backend = hw["backend"]
-    record = {"hardware": hw, "recipes": rows, "rollout": rollouts, "step_time": timing,
-              "targets": checks}
-    (RESULTS / f"memory-{backend}.json").write_text(json.dumps(record, indent=1))
-    (RESULTS / f"memory-{backend}.md").write_text(markdown(hw, rows, rollouts, timing, checks))
-    print(markdown(hw, rows, rollouts, timing, checks))
+    path.write_text(json.dumps(record, indent=1))
+    path.with_suffix(".md").write_text(text)
+    print(text)
     return 0
 
 
