@@ -31,14 +31,18 @@ def memory_block() -> str:
     rows = {(r["preset"], r["precision"], r["recipe"]): r for r in record["recipes"]}
     hw = record["hardware"]
     recipes = ("none", "per-step", "deepmind", "lean")
+    again = "".join(f" ({p} rows: {record[f'hardware_{p}']['date'][:10]})"
+                    for p in ("f32", "bf16") if f"hardware_{p}" in record)
     lines = [f"Measured on {hw['device']} ({hw['cpu_count']} cores), jax {hw['jax']}, "
-             f"{hw['date'][:10]}:", "",
+             f"{hw['date'][:10]}{again}:", "",
              "| model | " + " | ".join(f"`{r}`" for r in recipes) + " |",
              "|---|" + "---:|" * len(recipes)]
-    for preset, title in (("graphcast-small", "graphcast-small (1 deg, f32)"),
-                          ("graphcast", "graphcast (0.25 deg, 37 levels, f32)")):
-        lines.append(f"| {title} | " + " | ".join(
-            _gib(rows[(preset, "f32", r)]["temp_bytes"]) for r in recipes) + " |")
+    for preset, title in (("graphcast-small", "graphcast-small (1 deg, {})"),
+                          ("graphcast", "graphcast (0.25 deg, 37 levels, {})")):
+        for precision in ("f32", "bf16"):
+            if all((preset, precision, r) in rows for r in recipes):
+                lines.append(f"| {title.format(precision)} | " + " | ".join(
+                    _gib(rows[(preset, precision, r)]["temp_bytes"]) for r in recipes) + " |")
     checks = {c["target"]: c for c in record["targets"]}
     rollout = next(c for name, c in checks.items() if name.startswith("rollout"))
     lines += ["", f"Rollouts with `rollout_remat`: 12 steps need {rollout['value']:.2f}x the "
