@@ -348,6 +348,7 @@ def _remat_policy(name: str):
 def grid_latents(P: dict, grid_features: Array, inputs: Array) -> Array:
     """Embedded grid nodes [n, B, L] from their inputs [n, B, C] and features [n, 3]."""
     n, batch, _ = inputs.shape
+    inputs = inputs.astype(P["encoder_nodes_grid_nodes"]["layers"][0][0].dtype)
     feat = jnp.broadcast_to(grid_features.astype(inputs.dtype)[:, None], (n, batch, 3))
     return mlp_concat(P["encoder_nodes_grid_nodes"], [inputs, feat])  # [n, B, L]
 
@@ -360,7 +361,7 @@ def encoder(P: dict, graph: GraphInputs, inputs: Array, mem: MemoryConfig):
     edge blocks embed the grid nodes they need, and the returned grid latents are None
     (the decoder recomputes them block by block).
     """
-    dtype = inputs.dtype
+    dtype = P["encoder_nodes_mesh_nodes"]["layers"][0][0].dtype  # inputs may be float32
     ng, batch, channels = inputs.shape
     nm = graph.mesh_nodes.shape[0]
     mesh_in = jnp.concatenate([jnp.zeros((nm, channels), dtype),
@@ -681,7 +682,11 @@ def graphcast_forward(P: dict, graph: GraphInputs, inputs: Array, mem: MemoryCon
     """The whole network on grouped parameters `P` (see `_all_params`). [Ng,B,C] -> [Ng,B,O]."""
     dtype = jnp.bfloat16 if mem.precision == "bf16" else jnp.float32
     P = _cast_params(P, dtype)  # parameters stay float32; gradients come back float32
-    inputs = inputs.astype(dtype)
+    if not mem.stream_grid_nodes:
+        inputs = inputs.astype(dtype)
+    # Streamed grid nodes gather their inputs block by block and cast each block: a
+    # bfloat16 copy of all inputs would be sliced in float32 on XLA:CPU (see
+    # `residuals_as_bits`), a copy twice its size.
 
     def run_encoder(P_enc, graph, inputs):
         with jax.named_scope("encoder"):
