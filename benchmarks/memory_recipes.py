@@ -62,12 +62,12 @@ def hardware() -> dict:
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
 
 
-def recipe_table(presets, precisions) -> list:
+def recipe_table(presets, precisions, recipes=tuple(RECIPES)) -> list:
     rows = []
     for preset_name in presets:
         preset = get_preset(preset_name)
         for precision in precisions:
-            for recipe in RECIPES:
+            for recipe in recipes:
                 spec = StepSpec(preset.model, preset.task, get_recipe(recipe, precision))
                 m = train_step_memory(spec)
                 row = {"preset": preset_name, "precision": precision, "recipe": recipe,
@@ -291,6 +291,8 @@ def main() -> int:
     parser.add_argument("--only", choices=["f32", "bf16"],
                         help="re-measure this precision's rows (and, for bf16, the LayerNorm "
                              "errors); keep everything else of the recorded file")
+    parser.add_argument("--recipes", default=",".join(RECIPES),
+                        help="with --only: the recipes to re-measure (comma-separated)")
     args = parser.parse_args()
     hw = hardware()
     presets = ["cpu-16x512"] if args.quick else ["cpu-16x512", "graphcast-small", "graphcast"]
@@ -298,12 +300,16 @@ def main() -> int:
     if args.only:
         record = json.loads(path.read_text())
         order = {p: i for i, p in enumerate(presets)}
-        rows = [r for r in record["recipes"] if r["precision"] != args.only]
-        rows += recipe_table(presets, [args.only])
+        again = args.recipes.split(",")
+        previous = record.get(f"hardware_{args.only}", record["hardware"])["date"]
+        rows = [r if r["precision"] != args.only else {"date": previous, **r}
+                for r in record["recipes"]
+                if r["precision"] != args.only or r["recipe"] not in again]
+        rows += [{**r, "date": hw["date"]} for r in recipe_table(presets, [args.only], again)]
         rows.sort(key=lambda r: (order.get(r["preset"], len(order)),
                                  r["precision"] != "f32", list(RECIPES).index(r["recipe"])))
         rollouts, timing = record["rollout"], record["step_time"]
-        norms = (layer_norm_errors() if args.only == "bf16"
+        norms = (layer_norm_errors() if args.only == "bf16" and set(again) == set(RECIPES)
                  else record.get("layer_norm_bf16_error", []))
         record.update(recipes=rows, layer_norm_bf16_error=norms)
         record[f"hardware_{args.only}"] = hw
@@ -318,10 +324,11 @@ def main() -> int:
     text = markdown(record["hardware"], rows, rollouts, timing, checks, norms)
     for precision in ("f32", "bf16"):
         if f"hardware_{precision}" in record:
-            again = record[f"hardware_{precision}"]
+            hw_again = record[f"hardware_{precision}"]
             text = text.replace("\n\n", f"\n\nThe {precision} rows were measured again on "
-                                f"{again['device']} ({again['cpu_count']} cores), jax "
-                                f"{again['jax']}, {again['date']}.\n", 1)
+                                f"{hw_again['device']} ({hw_again['cpu_count']} cores), jax "
+                                f"{hw_again['jax']}, last on {hw_again['date']} (each row's "
+                                "date is in the JSON file).\n", 1)
     RESULTS.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=1))
     path.with_suffix(".md").write_text(text)
