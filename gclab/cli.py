@@ -8,6 +8,7 @@ Commands:
   timeline   the memory timeline of one training step, as a picture
   sweep      a grid of configs x techniques, compiled and/or measured
   plan       the technique settings that fit a memory budget
+  train      train on synthetic weather, on one device or a layout over several
 
 Every error in what you type is reported in one line, `gclab COMMAND: error: --option
 VALUE: what is allowed`, with exit status 2, before any work starts (output paths
@@ -19,6 +20,8 @@ exits with status 1; Ctrl-C with status 130.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import functools
 import json
 import math
 import os
@@ -30,6 +33,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 import jax
+import tqdm
 from matplotlib.backend_bases import FigureCanvasBase
 
 from gclab.config import MAX_INT32, PRESETS, ConfigError, ModelConfig, get_preset, resolve_model
@@ -44,11 +48,19 @@ from gclab.memory.config import (
     parse_remat_spec,
 )
 from gclab.model.reference import load_fixture, run_checks
+from gclab.parallel import (
+    PARALLEL_SPEC_HELP,
+    ParallelConfig,
+    initialize_processes,
+    parse_parallel_spec,
+    use_cpu_devices,
+)
 from gclab.plots import plot_sweep, plot_timeline
 from gclab.sizing.planner import BUDGET_HELP, NothingFits, parse_budget, plan
-from gclab.sizing.step import StepSpec, train_step_memory, train_step_timeline
+from gclab.sizing.step import StepSpec, compile_train_step, train_step_timeline
 from gclab.sizing.sweep import MEASURES, save_sweep, sweep
 from gclab.sizing.sweep import grid as sweep_grid
+from gclab.training.loop import DEFAULT_SCHEDULE_STEPS, train
 
 #: File types a picture can be saved as (matplotlib's, from the name's suffix; not pgf,
 #: which needs a LaTeX installation).
@@ -189,6 +201,38 @@ def _budget(text: str) -> int:
         return parse_budget(text)
     except ValueError:
         raise _bad(text, BUDGET_HELP) from None
+
+
+def _parallel(text: str) -> str:
+    """A layout spec, kept as typed (`_resolve_parallel` reads it)."""
+    try:
+        parse_parallel_spec(text)
+        return text
+    except ValueError:
+        raise _bad(text, PARALLEL_SPEC_HELP + "; pipeline must be 1 for now") from None
+
+
+def _host_port(text: str) -> str:
+    host, _, port = text.rpartition(":")
+    if not (host and port.isdigit() and 1 <= int(port) <= 65535):
+        raise _bad(text, "HOST:PORT with PORT in 1..65535")
+    return text
+
+
+def _learning_rate(text: str) -> float:
+    value = _parse_number(text)
+    if not 0 <= value < math.inf:
+        raise _bad(text, "a finite number >= 0")
+    return value
+
+
+def _checkpoint_dir(text: str) -> Path:
+    path = Path(text)
+    if path.exists() and not path.is_dir():
+        raise _bad(text, "a directory (this is a file)")
+    if not path.exists() and not path.parent.is_dir():
+        raise _bad(text, f"a directory whose parent exists (no {path.parent})")
+    return path
 
 
 def _tolerance(text: str) -> float:
@@ -367,15 +411,22 @@ def cmd_reference(args) -> int:
 
 
 def cmd_memory(args) -> int:
-    spec = _spec(args, args.recipe)
-    result = train_step_memory(spec)
-    record = {**result.to_dict(), **spec.describe()}
+    layout = args.layout
+    spec = dataclasses.replace(_spec(args, args.recipe), parallel=layout)
+    compiled = compile_train_step(spec)
+    record = {**compiled.memory.to_dict(), **spec.describe(),
+              "devices": layout.devices, "parallel": layout.spec,
+              "collectives": compiled.collectives}
     if args.json:
         _print_json(record)
         return 0
     print(f"one training step of {spec.title()}")
     print(f"  parameters       {record['num_params']:>14,}")
-    for key in ("argument_bytes", "output_bytes", "temp_bytes", "alias_bytes", "total_bytes"):
+    keys = ("argument_bytes", "output_bytes", "temp_bytes", "alias_bytes", "total_bytes")
+    if layout.devices > 1:
+        print(f"  per device ({layout.devices} devices, {layout.spec}):")
+        keys += ("collective_bytes",)
+    for key in keys:
         print(f"  {key:<16} {format_bytes(record[key]):>14}")
     print(f"  backend {record['backend']}, compiled in {record['compile_seconds']:.1f} s")
     return 0
@@ -451,6 +502,111 @@ def cmd_plan(args) -> int:
     return 0
 
 
+# ------------------------------------------------------------------------- devices, training
+
+
+def _add_parallel_args(p: argparse.ArgumentParser, processes: bool = False) -> None:
+    g = p.add_argument_group("devices (a layout over several devices)")
+    g.add_argument("--devices", type=_count(1), metavar="N",
+                   help="devices of the layout (simulated CPU devices on a CPU; default: the "
+                   "layout's)")
+    g.add_argument("--parallel", type=_parallel, metavar="SPEC",
+                   help=f"layout: {PARALLEL_SPEC_HELP} (default data:DEVICES)")
+    if processes:
+        g.add_argument("--coordinator", type=_host_port, metavar="HOST:PORT",
+                       help="process 0's address in a multi-process run "
+                       "(default $JAX_COORDINATOR_ADDRESS)")
+        g.add_argument("--num-processes", type=_count(1), metavar="P",
+                       help="processes in the run (default $JAX_NUM_PROCESSES)")
+        g.add_argument("--process-id", type=_count(0), metavar="I",
+                       help="this process's index (default $JAX_PROCESS_ID)")
+
+
+def _resolve_parallel(args) -> ParallelConfig:
+    """The layout of --parallel and --devices (which must agree)."""
+    if args.parallel is None:
+        return ParallelConfig(data=args.devices or 1)
+    layout = parse_parallel_spec(args.parallel)
+    if args.devices is not None and layout.devices != args.devices:
+        raise UsageError(f"--parallel {_shown(args.parallel)}: its axis sizes must multiply to "
+                         f"--devices {args.devices}, not {layout.devices}")
+    return layout
+
+
+def _env_int(name: str) -> Optional[int]:
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return None
+    if not text.isdigit():
+        raise UsageError(f"{name}={_shown(text)}: an integer >= 0")
+    return int(text)
+
+
+def start_devices(args) -> None:
+    """Sets up the devices a layout needs, before JAX starts its backends.
+
+    JAX starts its backends lazily, at the first array or device query, and nothing in
+    gclab makes one at import; so the CPU device count is set here, after the options
+    are parsed and before any JAX operation, with no need to re-execute the process. On
+    an accelerator the setting only concerns the CPU and the layout uses the accelerators.
+    A multi-process run is joined here too (`jax.distributed.initialize` also comes first).
+    """
+    layout = args.layout = _resolve_parallel(args)
+    multiple = layout.data * _resolve_memory(args, args.recipe).microbatches
+    if args.batch % multiple:
+        raise UsageError(f"--batch {args.batch}: a multiple of {multiple} (the data axis "
+                         f"times micro-batches)")
+    processes = 1
+    if hasattr(args, "num_processes"):
+        processes = args.num_processes or _env_int("JAX_NUM_PROCESSES") or 1
+        process_id = args.process_id if args.process_id is not None else _env_int(
+            "JAX_PROCESS_ID")
+        if process_id is not None and process_id >= processes:
+            raise UsageError(f"--process-id {process_id}: an integer in 0..num-processes - 1 "
+                             f"(0..{processes - 1} here)")
+        if layout.devices % processes:
+            raise UsageError(f"--num-processes {processes}: it must divide the layout's "
+                             f"{layout.devices} devices")
+    if layout.devices > 1:
+        use_cpu_devices(max(1, layout.devices // processes))
+    if hasattr(args, "num_processes"):
+        initialize_processes(args.coordinator, args.num_processes, args.process_id)
+
+
+def cmd_train(args) -> int:
+    layout = args.layout
+    model, task = _resolve_model(args)
+    memory = _resolve_memory(args, args.recipe)
+    lead = jax.process_index() == 0
+    progress = functools.partial(tqdm.tqdm, desc="gclab train", unit="step", file=sys.stderr,
+                                 disable=not lead or None)
+    result = train(model, task, args.train_steps, batch=args.batch, rollout=args.rollout,
+                   memory=memory, parallel=layout, seed=args.seed,
+                   learning_rate=args.learning_rate, schedule_steps=args.schedule_steps,
+                   checkpoint_dir=None if args.checkpoint_dir is None
+                   else str(args.checkpoint_dir.resolve()),
+                   progress=progress)
+    if not lead:
+        return 0
+    record = {"losses": result.losses, "grad_norms": result.grad_norms,
+              "first_step": result.first_step, "steps": result.steps,
+              "checkpoint_step": result.checkpoint, "devices": layout.devices,
+              "parallel": layout.spec, "processes": jax.process_count(),
+              "backend": jax.default_backend(), "model": dataclasses.asdict(model),
+              "levels": task.num_levels, "memory": dataclasses.asdict(memory),
+              "batch": args.batch, "rollout": args.rollout, "seed": args.seed}
+    if args.json:
+        _print_json(record)
+        return 0
+    for k, loss in enumerate(result.losses, start=result.first_step + 1):
+        print(f"  step {k:>5}  loss {loss:.6f}")
+    where = f", saved step {result.checkpoint} to {args.checkpoint_dir}" if (
+        result.checkpoint is not None) else ""
+    print(f"trained to step {result.steps} on {layout.devices} {jax.default_backend()} "
+          f"device(s) ({layout.spec}){where}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="gclab", description=__doc__.split("\n\n")[0],
                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -472,9 +628,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="max abs error, a finite number > 0 (default 1e-5)")
     p.set_defaults(func=cmd_reference)
 
-    p = sub.add_parser("memory", help="compiled memory of one training step (no allocation)")
+    p = sub.add_parser("memory", help="compiled memory of one training step (no allocation; "
+                       "per device for a layout)")
     _add_model_args(p)
     _add_memory_args(p)
+    _add_parallel_args(p)
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_memory)
 
@@ -521,6 +679,26 @@ def build_parser() -> argparse.ArgumentParser:
                    "compiling is quick)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_plan)
+
+    p = sub.add_parser("train", help="train on synthetic weather (one device or a layout)")
+    _add_model_args(p)
+    _add_memory_args(p)
+    g = p.add_argument_group("training")
+    g.add_argument("--train-steps", type=_count(1), required=True, metavar="K",
+                   help="the step count to reach (a resumed run continues up to it)")
+    g.add_argument("--seed", type=_count(0), default=0, metavar="S",
+                   help="seeds the weather and parameters (0)")
+    g.add_argument("--learning-rate", type=_learning_rate, default=1e-3, metavar="LR",
+                   help="peak learning rate (1e-3)")
+    g.add_argument("--schedule-steps", type=_count(1), default=DEFAULT_SCHEDULE_STEPS,
+                   metavar="N", help="length of the learning-rate schedule: warm-up over its "
+                   f"first tenth, then cosine decay ({DEFAULT_SCHEDULE_STEPS}; keep it when "
+                   "resuming)")
+    g.add_argument("--checkpoint-dir", type=_checkpoint_dir, metavar="DIR",
+                   help="resume from the latest checkpoint in DIR, and save there at the end")
+    _add_parallel_args(p, processes=True)
+    p.add_argument("--json", action="store_true", help="print JSON ({\"losses\": [...], ...})")
+    p.set_defaults(func=cmd_train)
     return parser
 
 
@@ -558,6 +736,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     with warnings.catch_warnings():
         warnings.showwarning = _one_line_warnings(args.command)
         try:
+            if hasattr(args, "devices"):  # before JAX starts: simulated devices, processes
+                start_devices(args)
             if args.command != "graph":  # every other command runs JAX
                 _check_backend()
             return args.func(args)

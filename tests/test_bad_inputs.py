@@ -60,7 +60,7 @@ def no_work(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("work started before the input was checked")
 
-    for name in ("load_or_build_graphs", "train_step_memory", "train_step_timeline", "sweep",
+    for name in ("load_or_build_graphs", "compile_train_step", "train_step_timeline", "sweep",
                  "plan", "run_checks"):
         monkeypatch.setattr(cli, name, refuse)
 

@@ -3,6 +3,7 @@
 | module | what it is for |
 |---|---|
 | `compiled` | XLA's compiled memory of a function, from shapes alone |
+| `collectives` | bytes a partitioned program's collectives move per device, from its HLO |
 | `peak` | the measured peak of a workload in a fresh process |
 | `timeline` | the memory timeline of a compiled function, from XLA's buffer assignment |
 | `residuals` | what JAX saves for the backward pass, by module |
@@ -13,6 +14,7 @@
 | `targets` | small workloads for `measure_peak` (tests and the book) |
 """
 
+from gclab.measure.collectives import COLLECTIVES, collective_bytes
 from gclab.measure.compiled import (
     CompiledMemory,
     compile_fn,
@@ -45,10 +47,10 @@ from gclab.measure.timeline import (
 from gclab.measure.timing import median_seconds
 
 __all__ = [
-    "ARGUMENTS_GROUP", "BACKWARD_PREFIX", "NOT_A_GRAPH_SET", "CompiledMemory", "HostMemory",
-    "PeakResult", "Timeline", "bytes_by_graph_set", "compile_fn", "compile_timed",
-    "compile_with_timeline", "compiled_memory", "flops", "format_bytes", "fusion_counts",
-    "hlo_computations", "indexed_by", "label_op", "largest_fusion", "measure_peak",
+    "ARGUMENTS_GROUP", "BACKWARD_PREFIX", "COLLECTIVES", "NOT_A_GRAPH_SET", "CompiledMemory",
+    "HostMemory", "PeakResult", "Timeline", "bytes_by_graph_set", "collective_bytes", "compile_fn",
+    "compile_timed", "compile_with_timeline", "compiled_memory", "flops", "format_bytes",
+    "fusion_counts", "hlo_computations", "indexed_by", "label_op", "largest_fusion", "measure_peak",
     "median_seconds", "memory_of_compiled", "memory_timeline", "module_of_scope",
     "op_by_op_bytes", "saved_residuals_df", "summarize_residuals", "timeline_from_dump",
     "track_host_memory",

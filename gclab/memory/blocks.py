@@ -7,7 +7,15 @@ across blocks. The cost is one more forward pass of each blocked MLP.
 
 Nothing here knows GraphCast: a message function of one block is passed in.
 
-Shapes: E edges, nb blocks of bs edges (E padded to nb * bs), N nodes, B batch, L latent.
+Shards: when the rows are split over D devices (`gclab.parallel`, `shards=D`), the rows
+are first cut into D contiguous equal parts and block j holds the j-th sub-block of every
+part, so that splitting a block's rows D ways gives each device a block of its own part.
+Sums into nodes then accumulate in D partial sums, one per part (`[D, N, B, L]`, a device
+holding its own), added up once after the last block, instead of combining every
+block's sum across devices. With D = 1 this is the plain layout and the plain sum.
+
+Shapes: E edges, nb blocks of bs edges (E padded to nb * bs), N nodes, B batch, L latent,
+D shards.
 """
 
 from __future__ import annotations
@@ -29,16 +37,53 @@ def balanced_block(n: int, block: int) -> int:
     return max(1, -(-n // nb))
 
 
-def split_blocks(x: jax.Array, block: int, fill=0) -> jax.Array:
-    """Pads axis 0 to a multiple of `block` and reshapes to [nb, block, ...]."""
-    n = x.shape[0]
-    nb = -(-n // block)
+def shard_block(block: int, shards: int) -> int:
+    """The smallest multiple of `shards` that is >= `block` (a block splits evenly)."""
+    return -(-block // shards) * shards
+
+
+def split_blocks(x: jax.Array, block: int, fill=0, shards: int = 1) -> jax.Array:
+    """Pads axis 0 and reshapes to [nb, block, ...], shard-major within each block.
+
+    Args:
+      x: rows on axis 0.
+      block: rows per block (a multiple of `shards`).
+      fill: value of the padding rows (at the end of the last part).
+      shards: D; block j is `[part 0's j-th sub-block, ..., part D-1's]`, each part a
+        contiguous range of `nb * block / D` rows (see the module docstring).
+
+    Returns:
+      [nb, block, ...].
+    """
+    if block % shards:
+        raise ValueError(f"block {block} is not a multiple of shards={shards}")
+    n, sub = x.shape[0], block // shards
+    part = -(-n // shards)  # rows per part, before padding
+    nb = -(-part // sub)
     pad = [(0, nb * block - n)] + [(0, 0)] * (x.ndim - 1)
-    return jnp.pad(x, pad, constant_values=fill).reshape((nb, block) + x.shape[1:])
+    x = jnp.pad(x, pad, constant_values=fill).reshape((shards, nb, sub) + x.shape[1:])
+    return jnp.swapaxes(x, 0, 1).reshape((nb, block) + x.shape[3:])
+
+
+def merge_blocks(x: jax.Array, n: int, shards: int = 1) -> jax.Array:
+    """The inverse of `split_blocks`: [nb, block, ...] -> the first `n` rows [n, ...]."""
+    nb, block = x.shape[:2]
+    x = x.reshape((nb, shards, block // shards) + x.shape[2:])
+    return jnp.swapaxes(x, 0, 1).reshape((nb * block,) + x.shape[3:])[:n]
+
+
+def _partial_sums(messages: jax.Array, receivers: jax.Array, num_nodes: int, shards: int,
+                  float32: bool) -> jax.Array:
+    """Sums of one block's messages into nodes, one per shard: [D, N, B, L]."""
+    sub = messages.shape[0] // shards
+    parts = messages.reshape((shards, sub) + messages.shape[1:])  # [D, bs / D, B, L]
+    return jax.vmap(lambda m, r: aggregate(m, r, num_nodes, float32))(
+        parts, receivers.reshape((shards, sub)))  # [D, N, B, L]
 
 
 def blocked_sum(message_fn: Callable, operands: Any, senders: jax.Array, receivers: jax.Array,
-                extra: tuple, valid: jax.Array, num_nodes: int, latent_shape: tuple) -> jax.Array:
+                extra: tuple, valid: jax.Array, num_nodes: int, latent_shape: tuple,
+                shards: int = 1, mark_shards: Callable = lambda x: x) -> jax.Array:
     """Float32 sum into nodes of the messages of every edge block, each block checkpointed.
 
     Args:
@@ -51,6 +96,10 @@ def blocked_sum(message_fn: Callable, operands: Any, senders: jax.Array, receive
       valid: [nb, bs], 1 for a real edge, 0 for padding.
       num_nodes: N, the receiving nodes.
       latent_shape: `(B, L)`.
+      shards: D, partial sums kept apart until the last block (blocks from
+        `split_blocks(..., shards=D)`).
+      mark_shards: applied to the `[D, N, B, L]` partial sums (e.g. to place shard d on
+        device d).
 
     Returns:
       [N, B, L] float32.
@@ -63,16 +112,18 @@ def blocked_sum(message_fn: Callable, operands: Any, senders: jax.Array, receive
 
     def body(total, x):
         messages = block_messages(operands, *x)
-        return total + aggregate(messages, x[1], num_nodes, True).astype(jnp.float32), None
+        partial = _partial_sums(messages, x[1], num_nodes, shards, True)
+        return mark_shards(total + partial.astype(jnp.float32)), None
 
-    init = jnp.zeros((num_nodes,) + tuple(latent_shape), jnp.float32)
+    init = mark_shards(jnp.zeros((shards, num_nodes) + tuple(latent_shape), jnp.float32))
     total, _ = jax.lax.scan(body, init, (senders, receivers, extra, valid))
-    return total  # [N, B, L]
+    return jnp.sum(total, axis=0)  # [N, B, L]
 
 
 def blocked_edge_update(message_fn: Callable, operands: Any, edges: jax.Array,
                         senders: jax.Array, receivers: jax.Array, valid: jax.Array,
-                        num_nodes: int, float32_sum: bool) -> tuple[jax.Array, jax.Array]:
+                        num_nodes: int, float32_sum: bool, shards: int = 1,
+                        mark_shards: Callable = lambda x: x) -> tuple[jax.Array, jax.Array]:
     """One residual edge update over edge blocks: new edges and the sum into receivers.
 
     Args:
@@ -82,6 +133,7 @@ def blocked_edge_update(message_fn: Callable, operands: Any, edges: jax.Array,
       senders, receivers, valid: [nb, bs].
       num_nodes: N.
       float32_sum: accumulate the sum in float32.
+      shards, mark_shards: partial sums per shard, as in `blocked_sum`.
 
     Returns:
       `edges + messages` [nb, bs, B, L] and the sum of messages per receiver [N, B, L]
@@ -95,12 +147,11 @@ def blocked_edge_update(message_fn: Callable, operands: Any, edges: jax.Array,
     def body(total, x):
         edges, senders, receivers, valid = x
         messages = block_messages(operands, edges, senders, receivers, valid)
-        total = total + aggregate(messages, receivers, num_nodes, float32_sum).astype(
-            total.dtype)
-        return total, edges + messages
+        partial = _partial_sums(messages, receivers, num_nodes, shards, float32_sum)
+        return mark_shards(total + partial.astype(total.dtype)), edges + messages
 
     batch, latent = edges.shape[2:]
     acc_dtype = jnp.float32 if float32_sum else edges.dtype
-    total, edges = jax.lax.scan(body, jnp.zeros((num_nodes, batch, latent), acc_dtype),
-                                (edges, senders, receivers, valid))
-    return edges, total.astype(edges.dtype)  # [nb, bs, B, L], [N, B, L]
+    init = mark_shards(jnp.zeros((shards, num_nodes, batch, latent), acc_dtype))
+    total, edges = jax.lax.scan(body, init, (edges, senders, receivers, valid))
+    return edges, jnp.sum(total, axis=0).astype(edges.dtype)  # [nb, bs, B, L], [N, B, L]

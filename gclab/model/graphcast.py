@@ -28,7 +28,14 @@ import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
 from gclab.config import STRUCTURAL_EDGE_FEATURES, STRUCTURAL_NODE_FEATURES, ModelConfig
-from gclab.memory.blocks import balanced_block, blocked_edge_update, blocked_sum, split_blocks
+from gclab.memory.blocks import (
+    balanced_block,
+    blocked_edge_update,
+    blocked_sum,
+    merge_blocks,
+    shard_block,
+    split_blocks,
+)
 from gclab.memory.config import MemoryConfig
 from gclab.memory.precision import aggregate, cast_tree, compute_dtype
 from gclab.memory.remat import (
@@ -45,6 +52,7 @@ from gclab.model.layers import (
     mlp_concat,
     node_side,
 )
+from gclab.parallel.sharding import full_rows, spatial_shards, split_rows, split_shards
 
 Array = jax.Array
 
@@ -185,25 +193,26 @@ def encoder(P: dict, graph: GraphInputs, inputs: Array, mem: MemoryConfig):
     mesh_in = jnp.concatenate([jnp.zeros((nm, channels), dtype),
                                graph.mesh_nodes.astype(dtype)], axis=-1)  # [Nm, C+3]
     mesh = mlp(P["encoder_nodes_mesh_nodes"], mesh_in)  # [Nm, L], batch-independent
-    mesh = jnp.broadcast_to(mesh[:, None], (nm, batch, mesh.shape[-1]))  # [Nm, B, L]
+    mesh = full_rows(jnp.broadcast_to(mesh[:, None], (nm, batch, mesh.shape[-1])))  # [Nm,B,L]
     edge_p = P["processor_edges_0_grid2mesh"]
     gam = mem.gather_after_matmul
     mesh_side = node_side(edge_p, mesh, "receiver", gam)  # [Nm, B, L]
     if mem.stream_grid_nodes:
         grid = None
     else:
-        grid = grid_latents(P, graph.grid_nodes, inputs)  # [Ng, B, L]
+        grid = split_rows(grid_latents(P, graph.grid_nodes, inputs))  # [Ng, B, L]
     if mem.edge_block_size is None:
         edges = embed_edges(P["encoder_edges_grid2mesh"], graph.g2m_edges, batch, dtype)
         grid_side = node_side(edge_p, grid, "sender", gam)  # [Ng, B, L]
-        messages = edge_messages(edge_p, edges, grid_side[graph.g2m_senders],
-                                 mesh_side[graph.g2m_receivers], (gam, gam))  # [E, B, L]
+        messages = split_rows(edge_messages(
+            edge_p, edges, grid_side[graph.g2m_senders], mesh_side[graph.g2m_receivers],
+            (gam, gam)))  # [E, B, L]
         # The encoder always sums in float32 (many grid nodes per mesh node near the poles).
         incoming = aggregate(messages, graph.g2m_receivers, nm, True)  # [Nm, B, L]
     else:
         grid_side = None if grid is None else node_side(edge_p, grid, "sender", gam)
         incoming = _blocked_encoder_sum(P, graph, inputs, grid_side, mesh_side, mem)
-    mesh = mesh + mlp_concat(P["processor_nodes_0_mesh_nodes"], [mesh, incoming])
+    mesh = full_rows(mesh + mlp_concat(P["processor_nodes_0_mesh_nodes"], [mesh, incoming]))
     if grid is not None:
         grid = grid + mlp(P["processor_nodes_0_grid_nodes"], grid)
     return grid, mesh
@@ -218,13 +227,16 @@ def _blocked_encoder_sum(P, graph, inputs, grid_side, mesh_side, mem) -> Array:
     nm, batch, latent = mesh_side.shape
     dtype = mesh_side.dtype
     n_edges = graph.g2m_senders.shape[0]
-    bs = balanced_block(n_edges, mem.edge_block_size)
+    shards = spatial_shards()  # devices splitting the edges: blocks of their own edges
+    bs = shard_block(balanced_block(n_edges, mem.edge_block_size), shards)
     edge_p = P["processor_edges_0_grid2mesh"]
     gam = mem.gather_after_matmul
-    valid = split_blocks(jnp.ones((n_edges,), dtype), bs)  # [nb, bs]
-    senders = split_blocks(graph.g2m_senders, bs)  # [nb, bs]
-    receivers = split_blocks(graph.g2m_receivers, bs)  # [nb, bs]
-    features = split_blocks(graph.g2m_edges, bs)  # [nb, bs, 4]
+    valid = split_blocks(jnp.ones((n_edges,), dtype), bs, shards=shards)  # [nb, bs]
+    senders = split_blocks(graph.g2m_senders, bs, shards=shards)  # [nb, bs]
+    receivers = split_blocks(graph.g2m_receivers, bs, shards=shards)  # [nb, bs]
+    features = split_blocks(graph.g2m_edges, bs, shards=shards)  # [nb, bs, 4]
+    valid, senders, receivers, features = (split_rows(a, axis=1, batch_axis=None)
+                                           for a in (valid, senders, receivers, features))
 
     def block_messages(operands, senders, receivers, features):
         grid_side, mesh_side, inputs = operands
@@ -234,18 +246,19 @@ def _blocked_encoder_sum(P, graph, inputs, grid_side, mesh_side, mem) -> Array:
             sender_projected = False
         else:
             sender_rows, sender_projected = grid_side[senders], gam
-        return edge_messages(edge_p, edges, sender_rows, mesh_side[receivers],
-                             (sender_projected, gam))  # [bs, B, L]
+        return split_rows(edge_messages(edge_p, edges, sender_rows, mesh_side[receivers],
+                                        (sender_projected, gam)))  # [bs, B, L]
 
     total = blocked_sum(block_messages, (grid_side, mesh_side, inputs), senders, receivers,
-                        (features,), valid, nm, (batch, latent))
+                        (features,), valid, nm, (batch, latent), shards, split_shards)
     return total.astype(dtype)  # [Nm, B, L]
 
 
 def _block_messages(gam: bool, operands, edges, senders, receivers) -> Array:
     """Messages of one block of processor edges: [bs, B, L]."""
     p, sides = operands
-    return edge_messages(p, edges, sides[0][senders], sides[1][receivers], (gam, gam))
+    return split_rows(edge_messages(p, edges, sides[0][senders], sides[1][receivers],
+                                    (gam, gam)))  # [bs, B, L]
 
 
 def processor(P: dict, graph: GraphInputs, mesh: Array, mem: MemoryConfig) -> Array:
@@ -257,16 +270,22 @@ def processor(P: dict, graph: GraphInputs, mesh: Array, mem: MemoryConfig) -> Ar
     f32_sum = mem.float32_aggregation
     blocked = mem.processor_edge_blocks
     if not blocked:
-        edges = embed_edges(P["encoder_edges_mesh"], graph.mesh_edges, batch, dtype)  # [E,B,L]
+        edges = split_rows(embed_edges(P["encoder_edges_mesh"], graph.mesh_edges, batch,
+                                       dtype))  # [E, B, L]
     else:
-        bs = balanced_block(senders.shape[0], mem.edge_block_size)
-        valid = split_blocks(jnp.ones(senders.shape, dtype), bs)  # [nb, bs]
-        senders, receivers = split_blocks(senders, bs), split_blocks(receivers, bs)  # [nb, bs]
+        shards = spatial_shards()
+        bs = shard_block(balanced_block(senders.shape[0], mem.edge_block_size), shards)
+        valid = split_blocks(jnp.ones(senders.shape, dtype), bs, shards=shards)  # [nb, bs]
+        senders = split_blocks(senders, bs, shards=shards)  # [nb, bs]
+        receivers = split_blocks(receivers, bs, shards=shards)  # [nb, bs]
+        valid, senders, receivers = (split_rows(a, axis=1, batch_axis=None)
+                                     for a in (valid, senders, receivers))
         # Embedded block by block, so that the embedding's backward is blockwise too.
         embed = jax.checkpoint(
             lambda f: embed_edges(P["encoder_edges_mesh"], f, batch, dtype))  # [bs, B, L]
         _, edges = jax.lax.scan(lambda c, f: (c, embed(f)), None,
-                                split_blocks(graph.mesh_edges, bs))  # [nb, bs, B, L]
+                                split_blocks(graph.mesh_edges, bs, shards=shards))
+        edges = split_rows(edges, axis=1, batch_axis=2)  # [nb, bs, B, L]
 
     def step(carry, p):
         mesh, edges = carry
@@ -274,16 +293,16 @@ def processor(P: dict, graph: GraphInputs, mesh: Array, mem: MemoryConfig) -> Ar
         sides = (node_side(p["edges"], mesh, "sender", gam),
                  node_side(p["edges"], mesh, "receiver", gam))  # [Nm, B, L] each
         if not blocked:
-            messages = edge_messages(p["edges"], edges, sides[0][senders],
-                                     sides[1][receivers], (gam, gam))  # [E, B, L]
+            messages = split_rows(edge_messages(p["edges"], edges, sides[0][senders],
+                                                sides[1][receivers], (gam, gam)))  # [E, B, L]
             incoming = aggregate(messages, receivers, nm, f32_sum)  # [Nm, B, L]
             edges = edges + messages
         else:
             edges, incoming = blocked_edge_update(
                 functools.partial(_block_messages, gam), (p["edges"], sides), edges, senders,
-                receivers, valid, nm, f32_sum)
+                receivers, valid, nm, f32_sum, shards, split_shards)
         incoming = checkpoint_name(incoming, AGGREGATED_MESSAGES)
-        mesh = mesh + mlp_concat(p["nodes"], [mesh, incoming])  # [Nm, B, L]
+        mesh = full_rows(mesh + mlp_concat(p["nodes"], [mesh, incoming]))  # [Nm, B, L]
         mesh = checkpoint_name(mesh, NODE_LATENTS)
         return (mesh, edges), None
 
@@ -308,12 +327,12 @@ def decoder(P: dict, graph: GraphInputs, grid: Optional[Array], mesh: Array,
         edge_p = P["processor_edges_0_mesh2grid"]
         gam = mem.gather_after_matmul
         edges = embed_edges(P["encoder_edges_mesh2grid"], graph.m2g_edges, batch, grid.dtype)
-        messages = edge_messages(
+        messages = split_rows(edge_messages(
             edge_p, edges, node_side(edge_p, mesh, "sender", gam)[graph.m2g_senders],
             node_side(edge_p, grid, "receiver", gam)[graph.m2g_receivers],
-            (gam, gam))  # [3Ng, B, L]
+            (gam, gam)))  # [3Ng, B, L]
         incoming = aggregate(messages, graph.m2g_receivers, ng, f32_sum)  # [Ng, B, L]
-        grid = grid + mlp_concat(P["processor_nodes_0_grid_nodes"], [grid, incoming])
+        grid = split_rows(grid + mlp_concat(P["processor_nodes_0_grid_nodes"], [grid, incoming]))
         return mlp(P["decoder_nodes_grid_nodes"], grid)  # [Ng, B, O]
     return _blocked_decoder(P, graph, grid, mesh, mem, P_enc, inputs)
 
@@ -327,14 +346,18 @@ def _blocked_decoder(P, graph, grid, mesh, mem, P_enc, inputs) -> Array:
     streamed = grid is None
     ng, batch, _ = (inputs if streamed else grid).shape
     dtype = mesh.dtype
-    bn = balanced_block(ng, max(1, mem.edge_block_size // 3))  # grid nodes per block
+    shards = spatial_shards()  # devices splitting the grid: blocks of their own nodes
+    bn = shard_block(balanced_block(ng, max(1, mem.edge_block_size // 3)), shards)
     f32_sum = mem.float32_aggregation
     gam = mem.gather_after_matmul
     edge_p = P["processor_edges_0_mesh2grid"]
     mesh_side = node_side(edge_p, mesh, "sender", gam)  # [Nm, B, L]
-    node_xs = ((split_blocks(inputs, bn), split_blocks(graph.grid_nodes, bn)) if streamed
-               else (split_blocks(grid, bn),))
-    xs = node_xs + (split_blocks(graph.m2g_senders, 3 * bn), split_blocks(graph.m2g_edges, 3 * bn))
+    split = functools.partial(split_blocks, shards=shards)
+    node_xs = ((split(inputs, bn), split(graph.grid_nodes, bn)) if streamed
+               else (split(grid, bn),))
+    xs = node_xs + (split(graph.m2g_senders, 3 * bn), split(graph.m2g_edges, 3 * bn))
+    xs = tuple(split_rows(x, axis=1, batch_axis=2 if x.ndim == 4 else None)
+               for x in xs)  # [nb, bn, B, C] node blocks, [nb, 3 bn, ...] edge blocks
     local_receivers = jnp.repeat(jnp.arange(bn, dtype=jnp.int32), 3)  # [3 bn]
 
     @jax.checkpoint
@@ -345,23 +368,24 @@ def _blocked_decoder(P, graph, grid, mesh, mem, P_enc, inputs) -> Array:
             grid = grid + mlp(P_enc["processor_nodes_0_grid_nodes"], grid)
         else:
             grid, senders, features = x
+        grid = split_rows(grid)  # [bn, B, L]
         edges = embed_edges(P["encoder_edges_mesh2grid"], features, batch, dtype)
         receiver_rows = node_side(edge_p, grid, "receiver", gam)[local_receivers]
-        messages = edge_messages(edge_p, edges, mesh_side[senders], receiver_rows,
-                                 (gam, gam))  # [3 bn, B, L]
+        messages = split_rows(edge_messages(edge_p, edges, mesh_side[senders], receiver_rows,
+                                            (gam, gam)))  # [3 bn, B, L]
         incoming = aggregate(messages, local_receivers, bn, f32_sum)  # [bn, B, L]
         grid = grid + mlp_concat(P["processor_nodes_0_grid_nodes"], [grid, incoming])
         return mlp(P["decoder_nodes_grid_nodes"], grid)  # [bn, B, O]
 
     _, out = jax.lax.scan(lambda c, x: (c, block(mesh_side, *x)), None, xs)
-    return out.reshape((-1,) + out.shape[2:])[:ng]  # [Ng, B, O]
+    return merge_blocks(out, ng, shards)  # [Ng, B, O]
 
 
 def graphcast_forward(P: dict, graph: GraphInputs, inputs: Array, mem: MemoryConfig) -> Array:
     """The whole network on grouped parameters `P` (see `_all_params`). [Ng,B,C] -> [Ng,B,O]."""
     dtype = compute_dtype(mem.precision)
     P = cast_tree(P, dtype)  # parameters stay float32; gradients come back float32
-    inputs = inputs.astype(dtype)
+    inputs = split_rows(inputs.astype(dtype))  # [Ng, B, C]
 
     def run_encoder(P_enc, graph, inputs):
         with jax.named_scope("encoder"):

@@ -1,15 +1,21 @@
 """One training step of any configuration, from shapes alone: compiled memory, timeline.
 
-A `StepSpec` names a model, a task, the memory techniques, a batch size and a rollout
-length. `train_step_memory(spec)` compiles one full training step (loss + gradients +
-AdamW update, via `gclab.training`) from `jax.ShapeDtypeStruct`s, so nothing is allocated
-and the 0.25 deg model can be sized on a laptop; only the graphs are built (cached on disk).
+A `StepSpec` names a model, a task, the memory techniques, a batch size, a rollout
+length and a layout over devices (`gclab.parallel.ParallelConfig`).
+`train_step_memory(spec)` compiles one full training step (loss + gradients + AdamW
+update, via `gclab.training`) from `jax.ShapeDtypeStruct`s, so nothing is allocated and
+the 0.25 deg model can be sized on a laptop; only the graphs are built (cached on disk).
+With a layout of several devices the step is partitioned (`gclab.training.layout`) and
+XLA's memory figures are those of one device; the bytes its collectives move per step are
+read from the optimised HLO (`gclab.measure.collectives`). The devices may be simulated
+CPU devices (`gclab.parallel.use_cpu_devices`).
 
 Shapes: B batch, Ng grid nodes, C data channels, O outputs, T rollout steps.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 from typing import Any, Callable, Optional
@@ -22,24 +28,30 @@ from gclab import training
 from gclab.config import MAX_INT32, ModelConfig, TaskConfig, is_int
 from gclab.geometry.graphs import Graphs, graphs_for
 from gclab.limits import MAX_PLANNED_BYTES, host_memory_bytes, require_fits
+from gclab.measure.collectives import collective_bytes
 from gclab.measure.compiled import CompiledMemory, compile_timed, memory_of_compiled
 from gclab.measure.timeline import compile_with_timeline
 from gclab.memory.config import MemoryConfig, recipe_name
 from gclab.model.graphcast import graph_inputs, make_network, param_shapes
+from gclab.parallel.config import ParallelConfig
+from gclab.parallel.sharding import make_mesh
 from gclab.sizing.analytical import GraphCounts, estimate, param_count
 
 
 @dataclasses.dataclass(frozen=True)
 class StepSpec:
-    """One training step: model, task, memory techniques, batch size, rollout length.
+    """One training step: model, task, memory techniques, batch size, rollout length, layout.
 
     Batch and rollout are integers in 1..`MAX_INT32` (numpy integers are stored as int).
+    `batch` is the global batch: with `parallel.data` > 1 each data slice holds
+    `batch / parallel.data` samples.
     """
     model: ModelConfig
     task: TaskConfig
     memory: MemoryConfig = MemoryConfig()
     batch: int = 1
     rollout: int = 1
+    parallel: ParallelConfig = ParallelConfig()
 
     def __post_init__(self) -> None:
         for field, kind in (("model", ModelConfig), ("task", TaskConfig),
@@ -57,6 +69,12 @@ class StepSpec:
         if self.batch % self.memory.microbatches:
             raise ValueError(f"StepSpec.batch={self.batch} is invalid: it must be a multiple "
                              f"of MemoryConfig.microbatches={self.memory.microbatches}.")
+        if not isinstance(self.parallel, ParallelConfig):
+            raise ValueError(f"StepSpec.parallel={self.parallel!r} is invalid: a ParallelConfig.")
+        if self.batch % (self.parallel.data * self.memory.microbatches):
+            raise ValueError(f"StepSpec.batch={self.batch} is invalid: it must be a multiple of "
+                             f"ParallelConfig.data x MemoryConfig.microbatches = "
+                             f"{self.parallel.data * self.memory.microbatches}.")
 
     def memory_label(self) -> str:
         """The recipe name if the techniques equal one, else a short description."""
@@ -71,11 +89,19 @@ class StepSpec:
         return name if self.memory.precision == "f32" else f"{name}/{self.memory.precision}"
 
     def to_json(self) -> dict:
-        """A JSON-able dict that `StepSpec.from_json` turns back into this spec."""
-        return {"model": dataclasses.asdict(self.model), "levels": list(self.task.pressure_levels),
-                "precipitation_input": self.task.precipitation_input,
-                "memory": dataclasses.asdict(self.memory), "batch": self.batch,
-                "rollout": self.rollout}
+        """A JSON-able dict that `StepSpec.from_json` turns back into this spec.
+
+        The layout appears only when it has several devices, so one-device records (and
+        the sweep cache keys made from them) are those of before layouts existed.
+        """
+        record = {"model": dataclasses.asdict(self.model),
+                  "levels": list(self.task.pressure_levels),
+                  "precipitation_input": self.task.precipitation_input,
+                  "memory": dataclasses.asdict(self.memory), "batch": self.batch,
+                  "rollout": self.rollout}
+        if self.parallel.devices > 1:
+            record["parallel"] = dataclasses.asdict(self.parallel)
+        return record
 
     @classmethod
     def from_json(cls, record: dict) -> "StepSpec":
@@ -87,30 +113,40 @@ class StepSpec:
         try:
             task = TaskConfig(tuple(record["levels"]), record["precipitation_input"])
             return cls(ModelConfig(**record["model"]), task, MemoryConfig(**record["memory"]),
-                       record["batch"], record["rollout"])
-        except (KeyError, TypeError) as e:
+                       record["batch"], record["rollout"],
+                       ParallelConfig(**record.get("parallel", {})))
+        except (KeyError, TypeError, AttributeError) as e:
             raise ValueError(f"not a StepSpec.to_json() record ({type(e).__name__}: {e})"
                              ) from None
 
     def title(self) -> str:
         m = self.model
-        return (f"{m.resolution:g} deg / {m.mesh_splits} splits, {m.processor_steps} x "
-                f"{m.latent_size}, {self.task.num_levels} levels, batch {self.batch}, "
-                f"rollout {self.rollout}, {self.memory_label()}")
+        title = (f"{m.resolution:g} deg / {m.mesh_splits} splits, {m.processor_steps} x "
+                 f"{m.latent_size}, {self.task.num_levels} levels, batch {self.batch}, "
+                 f"rollout {self.rollout}, {self.memory_label()}")
+        if self.parallel.devices > 1:
+            title += f", {self.parallel.devices} devices ({self.parallel.spec})"
+        return title
 
     def describe(self) -> dict:
-        """The resolved config as a flat JSON-able dict."""
+        """The resolved config as a flat JSON-able dict (with `devices` and `parallel`)."""
         return {**{f"model.{k}": v for k, v in dataclasses.asdict(self.model).items()},
                 "task.levels": self.task.num_levels,
                 "task.precipitation_input": self.task.precipitation_input,
                 **{f"memory.{k}": v for k, v in dataclasses.asdict(self.memory).items()},
-                "batch": self.batch, "rollout": self.rollout}
+                "batch": self.batch, "rollout": self.rollout,
+                "devices": self.parallel.devices, "parallel": self.parallel.spec}
 
 
 @dataclasses.dataclass(frozen=True)
 class StepMemory(CompiledMemory):
-    """`CompiledMemory` of a training step, with the model's parameter count."""
+    """`CompiledMemory` of a training step, with the model's parameter count.
+
+    With a layout of several devices every byte figure is per device, and
+    `collective_bytes` is what the step's collectives move per device (0 on one device).
+    """
     num_params: int = 0
+    collective_bytes: int = 0
 
 
 def _abstract(tree):
@@ -159,11 +195,14 @@ class CompiledStep:
       timeline: the memory timeline (`gclab.measure.timeline.Timeline`), if asked for.
       run: if asked for, a zero-argument callable that runs one real training step on
         random state and a random batch, and blocks until it is done.
+      collectives: bytes per device moved by each kind of collective in one step
+        (`gclab.measure.collectives.collective_bytes`; all 0 on one device).
     """
     spec: StepSpec
     memory: StepMemory
     timeline: Any = None
     run: Optional[Callable[[], None]] = None
+    collectives: Optional[dict] = None
 
 
 def estimate_step_bytes(spec: StepSpec, graphs: Optional[Graphs] = None) -> int:
@@ -222,24 +261,36 @@ def compile_train_step(spec: StepSpec, graphs: Optional[Graphs] = None, *,
         raise ValueError(f"spec must be a StepSpec, not a {type(spec).__name__}")
     graphs = graphs if graphs is not None else graphs_for(spec.model)
     check_step_size(spec, graphs)
-    step, args = train_step_abstract(spec, graphs)
+    step, base = train_step_abstract(spec, graphs)
+    args, mesh = base, None
+    if spec.parallel.devices > 1:
+        mesh = make_mesh(spec.parallel)
+        args = training.abstract_step_args(mesh, *base)
     donate = (0,) if spec.memory.donate else ()
     options = None if live else plan_only_options()
     lines = None
-    if timeline:
-        compiled, seconds, lines = compile_with_timeline(
-            step, *args, donate_argnums=donate, name=spec.memory_label(),
-            compiler_options=options)
-    else:
-        compiled, seconds = compile_timed(step, args, {}, donate_argnums=donate,
-                                          compiler_options=options)
+    with contextlib.ExitStack() as stack:
+        if mesh is not None:
+            stack.enter_context(jax.set_mesh(mesh))
+        if timeline:
+            compiled, seconds, lines = compile_with_timeline(
+                step, *args, donate_argnums=donate, name=spec.memory_label(),
+                compiler_options=options)
+        else:
+            compiled, seconds = compile_timed(step, args, {}, donate_argnums=donate,
+                                              compiler_options=options)
     m = memory_of_compiled(compiled, seconds)
-    memory = StepMemory(**dataclasses.asdict(m), num_params=param_count(spec.model, spec.task))
+    collectives = collective_bytes(compiled.as_text() if mesh is not None else "")
+    memory = StepMemory(**dataclasses.asdict(m), num_params=param_count(spec.model, spec.task),
+                        collective_bytes=collectives["total"])
     if not live:
-        return CompiledStep(spec, memory, lines)
+        return CompiledStep(spec, memory, lines, None, collectives)
     require_fits(f"running one training step of {spec.title()}", memory.total_bytes,
                  device_memory_bytes(), f"this {jax.default_backend()} device's memory")
-    return CompiledStep(spec, memory, lines, _runner(compiled, _random_args(args, graphs, seed)))
+    real = _random_args(base, graphs, seed)
+    if mesh is not None:
+        real = training.place_step_args(mesh, *real)
+    return CompiledStep(spec, memory, lines, _runner(compiled, real, mesh), collectives)
 
 
 def plan_only_options() -> Optional[dict]:
@@ -269,11 +320,14 @@ def _random_args(abstract_args, graphs: Graphs, seed: int):
             jax.tree_util.tree_map(fill, example_s))
 
 
-def _runner(compiled, args) -> Callable[[], None]:
+def _runner(compiled, args, mesh=None) -> Callable[[], None]:
     holder = {"state": args[0]}
 
     def run():
-        holder["state"], metrics = compiled(holder["state"], *args[1:])
+        with contextlib.ExitStack() as stack:
+            if mesh is not None:
+                stack.enter_context(jax.set_mesh(mesh))
+            holder["state"], metrics = compiled(holder["state"], *args[1:])
         jax.block_until_ready(metrics)
 
     return run

@@ -7,6 +7,8 @@
 | `losses` | the official loss weights and reduction |
 | `step` | AdamW, rollouts, micro-batches: `make_train_step` |
 | `mse` | the network's plain mean-square loss and its shapes, for memory and precision |
+| `layout` | the step over a device mesh: shardings, placement, `make_sharded_train_step` |
+| `loop` | a training run on synthetic weather, on one device or a layout, resumable (`train`) |
 """
 
 from gclab.training.data import Normalization, RawExample, SyntheticWeather
@@ -16,6 +18,15 @@ from gclab.training.examples import (
     input_variable_channels,
     residual_channels,
 )
+from gclab.training.layout import (
+    abstract_step_args,
+    check_batch,
+    make_sharded_train_step,
+    place_example,
+    place_step_args,
+    step_shardings,
+)
+from gclab.training.loop import TrainResult, restore_state, save_state, train
 from gclab.training.losses import (
     channel_weights,
     latitude_weights,
@@ -38,6 +49,8 @@ from gclab.training.step import (
 )
 
 __all__ = [
+    "abstract_step_args", "check_batch", "make_sharded_train_step", "place_example",
+    "place_step_args", "step_shardings", "TrainResult", "restore_state", "save_state", "train",
     "Example", "Normalization", "RawExample", "SyntheticWeather", "TrainConfig", "TrainState",
     "channel_weights", "example_shapes", "init_state_from_params", "input_variable_channels",
     "latitude_weights", "level_weights", "loss_and_grad", "loss_weights", "make_optimizer",

@@ -1,0 +1,116 @@
+"""Per-device compiled memory of one training step against device count, per layout.
+
+Compiles one full training step (loss + gradients + AdamW update, one target step) from
+shapes alone on simulated CPU devices (`jax_num_cpu_devices`, set before JAX starts), for
+each layout: `spatial:D` (grid and edges split D ways, batch 1) and `data:D` (batch D, one
+sample per device). XLA's memory figures of a partitioned program are per device; the
+collective bytes come from its optimised HLO. Writes
+`benchmarks/results/parallel-memory-<backend>.json` (rows as they are compiled) and a
+Markdown table beside it, with the hardware and date.
+
+    python benchmarks/parallel_memory.py                       # 1 deg and 0.25 deg, lean
+    python benchmarks/parallel_memory.py --presets graphcast-small --recipes none,lean
+    python benchmarks/parallel_memory.py --devices 1,8 --layouts spatial
+
+Target: the 0.25 deg `lean` step split 8 ways spatially needs at most a quarter of the
+single-device temp per device.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import jax
+
+MAX_DEVICES = 8
+jax.config.update("jax_num_cpu_devices", MAX_DEVICES)
+
+from gclab import __version__  # noqa: E402
+from gclab.config import get_preset  # noqa: E402
+from gclab.measure import format_bytes  # noqa: E402
+from gclab.memory import get_recipe  # noqa: E402
+from gclab.parallel import ParallelConfig  # noqa: E402
+from gclab.sizing import StepSpec, compile_train_step  # noqa: E402
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def hardware() -> dict:
+    dev = jax.devices()[0]
+    return {"backend": jax.default_backend(), "device": dev.device_kind,
+            "simulated_devices": jax.device_count(), "platform": platform.platform(),
+            "processor": platform.processor(), "cpu_count": os.cpu_count(),
+            "python": sys.version.split()[0], "jax": jax.__version__, "gclab": __version__,
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+
+
+def layout_of(kind: str, devices: int) -> tuple[ParallelConfig, int]:
+    """(layout, global batch): spatial keeps batch 1, data gives each device one sample."""
+    if kind == "spatial":
+        return ParallelConfig(spatial=devices), 1
+    return ParallelConfig(data=devices), devices
+
+
+def markdown(rows: list, hw: dict) -> str:
+    lines = [f"Per-device compiled memory of one training step ({hw['backend']}, "
+             f"{hw['simulated_devices']} simulated devices, jax {hw['jax']}, {hw['date']}).",
+             "", "| preset | recipe | layout | batch | devices | temp / device | args / device "
+             "| temp vs 1 device | collectives / step |", "|---|---|---|---|---|---|---|---|---|"]
+    base = {(r["preset"], r["recipe"]): r["temp_bytes"] for r in rows if r["devices"] == 1}
+    for r in rows:
+        ratio = r["temp_bytes"] / base.get((r["preset"], r["recipe"]), float("nan"))
+        lines.append(f"| {r['preset']} | {r['recipe']} | {r['parallel']} | {r['batch']} | "
+                     f"{r['devices']} | {format_bytes(r['temp_bytes'])} | "
+                     f"{format_bytes(r['argument_bytes'])} | {ratio:.3f} | "
+                     f"{format_bytes(r['collective_bytes'])} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--presets", default="graphcast-small,graphcast")
+    ap.add_argument("--recipes", default="lean")
+    ap.add_argument("--devices", default="1,2,4,8")
+    ap.add_argument("--layouts", default="spatial,data")
+    ap.add_argument("--out", default=None, help="JSON path (default results/parallel-memory-"
+                    "<backend>.json)")
+    args = ap.parse_args()
+    hw = hardware()
+    out = Path(args.out or RESULTS / f"parallel-memory-{hw['backend']}.json")
+    rows: list = []
+    for preset_name in args.presets.split(","):
+        preset = get_preset(preset_name)
+        for recipe in args.recipes.split(","):
+            done = set()
+            for devices in (int(d) for d in args.devices.split(",")):
+                for kind in args.layouts.split(","):
+                    layout, batch = layout_of(kind, devices)
+                    if (layout, batch) in done:
+                        continue  # one device: every layout is the same
+                    done.add((layout, batch))
+                    spec = StepSpec(preset.model, preset.task, get_recipe(recipe), batch=batch,
+                                    parallel=layout)
+                    start = time.perf_counter()
+                    step = compile_train_step(spec)
+                    row = {"preset": preset_name, "recipe": recipe, "parallel": layout.spec,
+                           "devices": layout.devices, "batch": batch,
+                           **step.memory.to_dict(), "collectives": step.collectives,
+                           "seconds": round(time.perf_counter() - start, 1)}
+                    rows.append(row)
+                    print(f"{preset_name:<16} {recipe:<6} {layout.spec:<18} batch {batch} "
+                          f"temp {format_bytes(row['temp_bytes'])} "
+                          f"collectives {format_bytes(row['collective_bytes'])}", flush=True)
+                    out.write_text(json.dumps({"hardware": hw, "rows": rows}, indent=2) + "\n")
+                    out.with_suffix(".md").write_text(markdown(rows, hw))
+    print(f"wrote {out} and {out.with_suffix('.md')}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,100 @@
+"""Bytes a partitioned program communicates, read from its optimised HLO.
+
+After SPMD partitioning, every transfer between devices is one collective instruction of
+the per-device program: `all-gather`, `all-reduce`, `reduce-scatter`,
+`collective-permute`, `all-to-all` (or the `-start`/`-done` pair of its asynchronous form).
+`collective_bytes` adds up the bytes of each one's result, once per execution: an
+instruction inside a `while` loop with a known trip count (a `lax.scan`: processor steps,
+edge blocks, rollout steps) counts that many times. Result bytes are what each device
+receives (all-gather, all-to-all) or holds after the reduction (all-reduce,
+reduce-scatter), a measure of traffic per device and step, not of link time.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "collective-permute", "all-to-all")
+
+_DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2,
+                "s32": 4, "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8,
+                "c128": 16}
+_SHAPE = re.compile(r"\b(" + "|".join(_DTYPE_BYTES) + r")\[([\d,]*)\]")
+_COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")
+_INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?[\w.\-]+\s*=\s*(.+?)\s+([\w\-]+)\((.*)$")
+_CALLS = re.compile(
+    r"\b(?:body|condition|calls|to_apply|branch_computations)=\{?([^}]*?)\}?(?:,\s|$)")
+_TRIPS = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
+_BODY = re.compile(r"\bbody=%?([\w.\-]+)")
+
+
+def _shape_bytes(result_type: str) -> int:
+    total = 0
+    for dtype, dims in _SHAPE.findall(result_type):
+        total += _DTYPE_BYTES[dtype] * int(np.prod([int(d) for d in dims.split(",") if d]))
+    return total
+
+
+def _collective_kind(opcode: str) -> str | None:
+    """The collective an opcode is (its `-done` half for asynchronous pairs), else None."""
+    if opcode in COLLECTIVES:
+        return opcode
+    if opcode.endswith("-done") and opcode[:-5] in COLLECTIVES:
+        return opcode[:-5]
+    return None
+
+
+def collective_bytes(hlo_text: str) -> dict[str, int]:
+    """Bytes of each collective kind, per device and per execution of the program.
+
+    Args:
+      hlo_text: the optimised HLO of a compiled program (`Compiled.as_text()`).
+
+    Returns:
+      `{kind: bytes}` for every kind of `COLLECTIVES` (0 where absent), and `total`.
+    """
+    calls: dict[str, list[tuple[str, int]]] = {}  # computation -> [(callee, times)]
+    own: dict[str, dict[str, int]] = {}  # computation -> bytes of its own collectives
+    entry, current = None, None
+    for line in hlo_text.splitlines():
+        if not line.startswith((" ", "\t")) and line.rstrip().endswith("{"):
+            m = _COMPUTATION.match(line.strip())
+            if m:
+                current = m.group(1)
+                calls.setdefault(current, [])
+                own.setdefault(current, {})
+                if line.startswith("ENTRY"):
+                    entry = current
+            continue
+        m = _INSTRUCTION.match(line) if current else None
+        if m is None:
+            continue
+        result_type, opcode, rest = m.groups()
+        kind = _collective_kind(opcode)
+        if kind is not None:
+            own[current][kind] = own[current].get(kind, 0) + _shape_bytes(result_type)
+        trips = _TRIPS.search(rest)
+        body = _BODY.search(rest) if opcode == "while" else None
+        for callees in _CALLS.findall(rest):
+            for callee in callees.split(","):
+                name = callee.strip().lstrip("%")
+                if not name:
+                    continue
+                times = int(trips.group(1)) if (body and name == body.group(1) and trips) else 1
+                calls[current].append((name, times))
+
+    def total_of(name: str, seen: tuple = ()) -> dict[str, int]:
+        out = dict(own.get(name, {}))
+        for callee, times in calls.get(name, []):
+            if callee in seen:
+                continue
+            for kind, b in total_of(callee, seen + (name,)).items():
+                out[kind] = out.get(kind, 0) + times * b
+        return out
+
+    totals = total_of(entry) if entry else {}
+    result = {kind: int(totals.get(kind, 0)) for kind in COLLECTIVES}
+    result["total"] = sum(result.values())
+    return result

@@ -1,0 +1,38 @@
+"""Parallel layouts: one training step over several devices, on JAX's own SPMD machinery.
+
+| module | what it is for |
+|---|---|
+| `config` | `ParallelConfig` (sizes of the `data`, `spatial`, `pipeline` mesh axes) and its spec |
+| `sharding` | the device mesh; where node and edge arrays live (`split_rows`, `full_rows`) |
+| `processes` | simulated CPU devices; joining a multi-process run (`jax.distributed`) |
+"""
+
+from gclab.parallel.config import (
+    DATA_AXIS,
+    MESH_AXES,
+    PARALLEL_SPEC_HELP,
+    PIPELINE_AXIS,
+    SPATIAL_AXIS,
+    ParallelConfig,
+    layouts,
+    parse_parallel_spec,
+)
+from gclab.parallel.processes import initialize_processes, use_cpu_devices
+from gclab.parallel.sharding import (
+    active_axes,
+    full_rows,
+    global_array,
+    make_mesh,
+    replicated,
+    rows_sharding,
+    spatial_shards,
+    split_rows,
+    split_shards,
+)
+
+__all__ = [
+    "DATA_AXIS", "MESH_AXES", "PARALLEL_SPEC_HELP", "PIPELINE_AXIS", "SPATIAL_AXIS",
+    "ParallelConfig", "active_axes", "full_rows", "global_array", "initialize_processes",
+    "layouts", "make_mesh", "parse_parallel_spec", "replicated", "rows_sharding",
+    "spatial_shards", "split_rows", "split_shards", "use_cpu_devices",
+]

@@ -1,0 +1,79 @@
+"""Devices and processes: simulated CPU devices, and joining a multi-process run.
+
+A run on several hosts (or several local processes) is one SPMD program: every process
+runs the same script, `jax.distributed.initialize` connects them, and `jax.devices()` then
+lists every process's devices, so `gclab.parallel.sharding.make_mesh` spans them all.
+On one CPU machine, `jax_num_cpu_devices` makes the CPU backend offer several devices,
+which is how the layouts are tested without accelerators; it must be set before JAX
+starts its backends (before the first array is made).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+import jax
+
+# Environment variables read when no option is given (the usual names of multi-process
+# launchers that do not set up JAX's own cluster detection).
+COORDINATOR_ENV = "JAX_COORDINATOR_ADDRESS"
+NUM_PROCESSES_ENV = "JAX_NUM_PROCESSES"
+PROCESS_ID_ENV = "JAX_PROCESS_ID"
+
+
+def use_cpu_devices(n: int) -> None:
+    """Makes JAX's CPU backend offer `n` devices (before JAX has started its backends).
+
+    Raises:
+      ValueError: JAX has already started with fewer than `n` CPU devices (the setting
+        can no longer change; start a fresh process).
+    """
+    try:
+        jax.config.update("jax_num_cpu_devices", n)
+    except RuntimeError:  # backends already started: fine if there are enough devices
+        have = len(jax.devices("cpu"))
+        if have < n:
+            raise ValueError(
+                f"JAX has already started with {have} CPU devices, {n} are needed: set "
+                f"jax_num_cpu_devices before the first JAX operation (a fresh process)"
+            ) from None
+
+
+def initialize_processes(coordinator: Optional[str] = None,
+                         num_processes: Optional[int] = None,
+                         process_id: Optional[int] = None) -> bool:
+    """Joins a multi-process run through `jax.distributed.initialize`.
+
+    Each argument left None is read from its environment variable (`COORDINATOR_ENV`,
+    `NUM_PROCESSES_ENV`, `PROCESS_ID_ENV`).
+
+    Args:
+      coordinator: `HOST:PORT` of process 0's coordination service.
+      num_processes: processes in the run.
+      process_id: this process's index, 0..num_processes - 1.
+
+    Returns:
+      True if the process joined a run of more than one process, False if there is
+      nothing to join (no coordinator given).
+
+    Raises:
+      ValueError: a coordinator without a process count and id, or an id out of range.
+    """
+    coordinator = coordinator or os.environ.get(COORDINATOR_ENV)
+    if num_processes is None and os.environ.get(NUM_PROCESSES_ENV):
+        num_processes = int(os.environ[NUM_PROCESSES_ENV])
+    if process_id is None and os.environ.get(PROCESS_ID_ENV):
+        process_id = int(os.environ[PROCESS_ID_ENV])
+    if coordinator is None:
+        if num_processes not in (None, 1):
+            raise ValueError(f"{num_processes} processes need a coordinator address HOST:PORT")
+        return False
+    if num_processes is None or process_id is None:
+        raise ValueError("a coordinator needs the number of processes and this process's id")
+    if num_processes < 1 or not 0 <= process_id < num_processes:
+        raise ValueError(f"process id {process_id} is invalid: an integer in "
+                         f"0..{num_processes - 1}")
+    jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes,
+                               process_id=process_id)
+    return num_processes > 1

@@ -1,0 +1,178 @@
+"""A training run on synthetic weather: one device or a mesh, with checkpoints to resume.
+
+`train` runs K steps of `make_train_step` (or `make_sharded_train_step` over a layout)
+on `SyntheticWeather`. Step k's batch depends on the seed and on k only, the parameters
+on the seed only, and the learning-rate schedule on its own length (`schedule_steps`, not
+the step count a run stops at), so a run that is stopped, saved and resumed
+(`checkpoint_dir`, orbax-checkpoint) continues with exactly the losses an uninterrupted
+run has. In a multi-process run every process calls `train` with the same arguments:
+each builds the same host batch and places its own devices' shards.
+
+Shapes: Ng grid nodes, B batch, C data channels, O outputs, T rollout steps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Callable, Optional
+
+import jax
+import orbax.checkpoint as ocp
+
+from gclab.config import ModelConfig, TaskConfig
+from gclab.geometry.graphs import graphs_for
+from gclab.memory.config import MemoryConfig
+from gclab.model.graphcast import graph_inputs, make_network
+from gclab.parallel.config import ParallelConfig
+from gclab.parallel.sharding import make_mesh
+from gclab.training.data import SAMPLE_SPACING, SyntheticWeather
+from gclab.training.layout import (
+    check_batch,
+    make_sharded_train_step,
+    place_example,
+    place_step_args,
+)
+from gclab.training.losses import loss_weights
+from gclab.training.step import (
+    TrainConfig,
+    TrainState,
+    init_state_from_params,
+    make_optimizer,
+    make_train_step,
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainResult:
+    """What a run did.
+
+    Attributes:
+      losses: the loss of each step this run took (resumed runs: from the resumed step).
+      first_step: index of the first step this run took (0 unless resumed).
+      steps: the step count reached.
+      grad_norms: the global gradient norm of each step this run took.
+      checkpoint: the step a checkpoint was saved at, or None.
+    """
+
+    losses: list
+    first_step: int
+    steps: int
+    grad_norms: list
+    checkpoint: Optional[int] = None
+
+
+DEFAULT_SCHEDULE_STEPS = 1000  # TrainConfig's default length
+
+
+def batch_start(step: int, batch: int) -> int:
+    """The first frame of step `step`'s batch: batches never share a sample."""
+    return 1 + step * batch * SAMPLE_SPACING
+
+
+def schedule(steps: int, peak_learning_rate: float = 1e-3) -> TrainConfig:
+    """AdamW over `steps` steps: warm-up over the first tenth, then cosine decay."""
+    return TrainConfig(peak_learning_rate=peak_learning_rate, warmup_steps=steps // 10,
+                       total_steps=max(steps, 1))
+
+
+def _checkpoint_manager(directory: str) -> ocp.CheckpointManager:
+    return ocp.CheckpointManager(os.path.abspath(directory),
+                                 options=ocp.CheckpointManagerOptions(max_to_keep=2))
+
+
+def restore_state(directory: str, like: TrainState) -> Optional[TrainState]:
+    """The latest `TrainState` saved under `directory`, laid out like `like`, or None."""
+    manager = _checkpoint_manager(directory)
+    step = manager.latest_step()
+    if step is None:
+        return None
+    target = jax.tree_util.tree_map(
+        lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), like)
+    restored = manager.restore(step, args=ocp.args.StandardRestore(target))
+    return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(like),
+                                        jax.tree_util.tree_leaves(restored))
+
+
+def save_state(directory: str, state: TrainState) -> int:
+    """Saves `state` under `directory` at its step count; returns that step."""
+    manager = _checkpoint_manager(directory)
+    step = int(jax.device_get(state.step))
+    manager.save(step, args=ocp.args.StandardSave(state))
+    manager.wait_until_finished()
+    return step
+
+
+def train(model: ModelConfig, task: TaskConfig, steps: int, *, batch: int = 1,
+          rollout: int = 1, memory: Optional[MemoryConfig] = None,
+          parallel: Optional[ParallelConfig] = None, seed: int = 0,
+          learning_rate: float = 1e-3, schedule_steps: int = DEFAULT_SCHEDULE_STEPS,
+          checkpoint_dir: Optional[str] = None,
+          progress: Optional[Callable] = None) -> TrainResult:
+    """Trains `model` on synthetic weather for `steps` steps (or up to it, when resuming).
+
+    Args:
+      model, task: the network and its channels.
+      steps: K, the step count to reach.
+      batch: B, the global batch (a multiple of `parallel.data` x microbatches).
+      rollout: T, autoregressive steps per example.
+      memory: memory techniques (default none).
+      parallel: the layout (default: one device). Its devices are the first of
+        `jax.devices()` (every process's, in a multi-process run).
+      seed: seeds the synthetic weather and the parameters.
+      learning_rate: the peak of the schedule (`schedule`).
+      schedule_steps: the schedule's length (warm-up over its first tenth, then cosine
+        decay); a resumed run must keep it.
+      checkpoint_dir: resume from the latest checkpoint here, if any, and save the state
+        at the end.
+      progress: wraps the range of steps (e.g. `tqdm.tqdm`); None: no wrapping.
+
+    Returns:
+      A `TrainResult`.
+
+    Raises:
+      ValueError: a batch that does not fit the layout, a layout with more devices than
+        JAX has, or `steps` < 1.
+    """
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps={steps!r} is invalid: an integer >= 1")
+    memory = memory or MemoryConfig()
+    parallel = parallel or ParallelConfig()
+    graphs = graphs_for(model)
+    graph = graph_inputs(graphs)
+    net = make_network(model, task.data_channels, task.output_channels, memory)
+    weather = SyntheticWeather(task, model.resolution, seed=seed)
+    norm = weather.normalization()
+    optimizer = make_optimizer(schedule(schedule_steps, learning_rate))
+    weights = loss_weights(task, graphs.grid_lat, graphs.n_lon)
+    first = weather.make_batch(batch, rollout, batch_start(0, batch))
+    params = net.init(jax.random.PRNGKey(seed), graph, first.inputs)
+    state = init_state_from_params(params, optimizer)
+    mesh = None
+    if parallel.devices > 1:
+        mesh = make_mesh(parallel)
+        check_batch(mesh, batch, memory)
+        step_fn = make_sharded_train_step(net, optimizer, task, memory, rollout, weights, mesh,
+                                          norm.residual_scale)
+        state, graph, _ = place_step_args(mesh, state, graph, first)
+    else:
+        if batch % memory.microbatches:
+            raise ValueError(f"batch {batch} is not a multiple of microbatches="
+                             f"{memory.microbatches}")
+        step_fn = make_train_step(net, optimizer, task, memory, rollout, weights,
+                                  norm.residual_scale)
+    if checkpoint_dir is not None:
+        state = restore_state(checkpoint_dir, state) or state
+    start = int(jax.device_get(state.step))
+    losses, grad_norms = [], []
+    wrap = progress or (lambda r: r)
+    for k in wrap(range(start, steps)):
+        example = weather.make_batch(batch, rollout, batch_start(k, batch))
+        if mesh is not None:
+            example = place_example(mesh, example)
+        state, metrics = step_fn(state, graph, example)
+        metrics = jax.device_get(metrics)
+        losses.append(float(metrics["loss"]))
+        grad_norms.append(float(metrics["grad_norm"]))
+    saved = save_state(checkpoint_dir, state) if checkpoint_dir is not None else None
+    return TrainResult(losses, start, max(start, steps), grad_norms, saved)

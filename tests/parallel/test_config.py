@@ -1,0 +1,111 @@
+"""`ParallelConfig`, its spec, shard-major edge blocks and the collective byte count."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from gclab.measure.collectives import collective_bytes
+from gclab.memory.blocks import merge_blocks, shard_block, split_blocks
+from gclab.parallel import ParallelConfig, layouts, parse_parallel_spec
+
+
+def test_default_layout_is_one_device():
+    p = ParallelConfig()
+    assert (p.data, p.spatial, p.pipeline, p.devices) == (1, 1, 1, 1)
+    assert p.spec == "data:1,spatial:1"
+
+
+@pytest.mark.parametrize("spec, sizes", [
+    ("data:2,spatial:4", (2, 4, 1)),
+    ("spatial:8", (1, 8, 1)),
+    (" data : 3 ", (3, 1, 1)),
+    ("spatial:2,data:2,pipeline:1", (2, 2, 1)),
+])
+def test_parse_parallel_spec(spec, sizes):
+    p = parse_parallel_spec(spec)
+    assert (p.data, p.spatial, p.pipeline) == sizes
+    assert parse_parallel_spec(p.spec) == p
+    assert p.devices == sizes[0] * sizes[1] * sizes[2]
+
+
+@pytest.mark.parametrize("spec", ["", "data", "data:x", "model:2", "data:2,data:2", "data:-1"])
+def test_malformed_spec_lists_what_is_accepted(spec):
+    with pytest.raises(ValueError, match="accepted: comma-separated AXIS:SIZE"):
+        parse_parallel_spec(spec)
+
+
+@pytest.mark.parametrize("field, value", [("data", 0), ("spatial", 1.5), ("data", True),
+                                          ("pipeline", 2)])
+def test_invalid_sizes_name_the_field(field, value):
+    with pytest.raises(ValueError, match=rf"ParallelConfig\.{field}="):
+        ParallelConfig(**{field: value})
+
+
+def test_layouts_of_eight_devices():
+    assert [p.spec for p in layouts(8)] == ["data:8,spatial:1", "data:4,spatial:2",
+                                            "data:2,spatial:4", "data:1,spatial:8"]
+
+
+@pytest.mark.parametrize("n, block, shards", [(10, 4, 1), (10, 4, 2), (1860, 700, 8),
+                                              (7, 3, 3), (5, 8, 4)])
+def test_shard_major_blocks_give_each_shard_its_own_contiguous_rows(n, block, shards):
+    block = shard_block(block, shards)
+    x = jnp.arange(n)
+    blocks = np.asarray(split_blocks(x, block, fill=-1, shards=shards))  # [nb, block]
+    nb = blocks.shape[0]
+    per_shard = blocks.reshape(nb, shards, block // shards).transpose(1, 0, 2).reshape(shards, -1)
+    flat = per_shard.reshape(-1)
+    assert np.array_equal(flat[:n], np.arange(n)) and np.all(flat[n:] == -1)
+    assert np.array_equal(np.asarray(merge_blocks(jnp.asarray(blocks), n, shards)), np.arange(n))
+    # The decoder's node and edge blocks line up: three edges per node, same block count.
+    edges = np.asarray(split_blocks(jnp.repeat(x, 3), 3 * block, fill=-1, shards=shards))
+    assert edges.shape[0] == nb
+    assert np.array_equal(edges.reshape(nb, block, 3), np.repeat(blocks[..., None], 3, -1))
+
+
+HLO = """HloModule m
+
+%body (p: (s32[], f32[8])) -> (s32[], f32[8]) {
+  %p = (s32[], f32[8]{0}) parameter(0)
+  %ar = f32[8]{0} all-reduce(f32[8]{0} %x), replica_groups={}, to_apply=%add
+  ROOT %t = (s32[], f32[8]{0}) tuple(%i, %ar)
+}
+
+%cond (p: (s32[], f32[8])) -> pred[] {
+  ROOT %c = pred[] constant(true)
+}
+
+ENTRY %main (a: f32[4,2]) -> f32[8] {
+  %a = f32[4,2]{1,0} parameter(0)
+  %ag = f32[16,2]{1,0} all-gather(f32[4,2]{1,0} %a), dimensions={0}
+  %ags = (f32[4,2]{1,0}, bf16[16,2]{1,0}) all-gather-start(f32[4,2]{1,0} %a), dimensions={0}
+  %agd = bf16[16,2]{1,0} all-gather-done((f32[4,2]{1,0}, bf16[16,2]{1,0}) %ags)
+  %w = (s32[], f32[8]{0}) while(%init), condition=%cond, body=%body, TRIPS
+  ROOT %rs = f32[2]{0} reduce-scatter(f32[8]{0} %y), dimensions={0}, to_apply=%add
+}
+""".replace("TRIPS", 'backend_config={"known_trip_count":{"n":"5"}}')
+
+
+def test_collective_bytes_count_results_once_per_execution():
+    counts = collective_bytes(HLO)
+    assert counts["all-gather"] == 16 * 2 * 4 + 16 * 2 * 2  # sync + the done half only
+    assert counts["all-reduce"] == 5 * 8 * 4  # inside a 5-trip loop
+    assert counts["reduce-scatter"] == 2 * 4
+    assert counts["total"] == counts["all-gather"] + counts["all-reduce"] + 8
+    assert collective_bytes("")["total"] == 0
+
+
+def test_step_spec_carries_a_layout():
+    from gclab.config import ModelConfig, TaskConfig
+    from gclab.sizing.step import StepSpec
+
+    model, task = ModelConfig(resolution=6.0, mesh_splits=2), TaskConfig.from_levels(13)
+    one = StepSpec(model, task)
+    assert "parallel" not in one.to_json()  # one-device records are unchanged
+    spec = StepSpec(model, task, batch=4, parallel=parse_parallel_spec("data:2,spatial:2"))
+    assert StepSpec.from_json(spec.to_json()) == spec
+    assert spec.describe()["devices"] == 4 and spec.describe()["parallel"] == "data:2,spatial:2"
+    with pytest.raises(ValueError, match="StepSpec.batch=3 is invalid"):
+        StepSpec(model, task, batch=3, parallel=ParallelConfig(data=2))

@@ -1,0 +1,113 @@
+"""`gclab train` and `gclab memory` over devices: errors, resume, several processes.
+
+Runs that need several (simulated) devices start fresh processes: JAX's CPU device count
+is fixed when it starts. Compiles skip LLVM optimisation (`XLA_FLAGS`) to stay quick.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gclab.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = ["--resolution", "6", "--mesh-splits", "2", "--latent", "16", "--steps", "2"]
+TIMEOUT = 900
+
+
+def gclab(*argv: str, extra_env: dict | None = None, wait: bool = True):
+    env = dict(os.environ, XLA_FLAGS="--xla_backend_optimization_level=0",
+               PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH"))
+                                          if p), **(extra_env or {}))
+    cmd = [sys.executable, "-m", "gclab", *argv]
+    if not wait:
+        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env=env)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=TIMEOUT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--train-steps", "0"], "--train-steps 0: an integer >= 1"),
+    (["--train-steps", "2", "--seed", "-1"], "--seed -1: an integer >= 0"),
+    (["--train-steps", "2", "--parallel", "data:x"], "--parallel data:x: comma-separated"),
+    (["--train-steps", "2", "--parallel", "pipeline:2"], "--parallel pipeline:2: comma"),
+    (["--train-steps", "2", "--devices", "4", "--parallel", "data:2"],
+     "--parallel data:2: its axis sizes must multiply to --devices 4, not 2"),
+    (["--train-steps", "2", "--devices", "0"], "--devices 0: an integer >= 1"),
+    (["--train-steps", "2", "--devices", "2", "--batch", "3"], "--batch 3: a multiple of 2"),
+    (["--train-steps", "2", "--coordinator", "nowhere"], "--coordinator nowhere: HOST:PORT"),
+    (["--train-steps", "2", "--num-processes", "2", "--process-id", "2"],
+     "--process-id 2: an integer in 0..num-processes - 1"),
+])
+def test_train_errors_are_one_line_with_exit_status_2(argv, message, capsys):
+    assert main(["train", *TINY, *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("gclab train: error: ") and message in err and "\n" not in err
+
+
+def test_resumed_run_has_the_losses_of_an_uninterrupted_one(tmp_path):
+    straight = gclab("train", *TINY, "--train-steps", "4", "--batch", "2", "--json")
+    assert len(straight["losses"]) == 4 and np.all(np.isfinite(straight["losses"]))
+    ckpt = str(tmp_path / "ckpt")
+    first = gclab("train", *TINY, "--train-steps", "2", "--batch", "2", "--checkpoint-dir",
+                  ckpt, "--json")
+    assert first["checkpoint_step"] == 2
+    second = gclab("train", *TINY, "--train-steps", "4", "--batch", "2", "--checkpoint-dir",
+                   ckpt, "--json")
+    assert second["first_step"] == 2 and second["checkpoint_step"] == 4
+    assert first["losses"] + second["losses"] == straight["losses"]
+
+
+def report(stdout: str) -> dict:
+    """The JSON report in a process's output (gloo prints its connection lines there too)."""
+    return json.loads(stdout[stdout.index("{\n"):])
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_processes_train_like_one_process_with_as_many_devices():
+    layout = ["--train-steps", "2", "--batch", "2", "--devices", "4", "--parallel",
+              "data:2,spatial:2", "--json"]
+    one = gclab("train", *TINY, *layout)
+    coordinator = f"127.0.0.1:{free_port()}"
+    procs = [gclab("train", *TINY, *layout, "--coordinator", coordinator,
+                   "--num-processes", "2", "--process-id", str(i), wait=False)
+             for i in range(2)]
+    try:
+        outs = [p.communicate(timeout=TIMEOUT) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    for p, (_, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-3000:]
+    two = report(outs[0][0])
+    assert '"losses"' not in outs[1][0]  # only process 0 reports
+    assert two["processes"] == 2 and one["processes"] == 1
+    np.testing.assert_allclose(two["losses"], one["losses"], rtol=1e-5)
+
+
+def test_memory_reports_per_device_figures_and_collectives():
+    one = gclab("memory", *TINY, "--batch", "2", "--json")
+    split = gclab("memory", *TINY, "--batch", "2", "--devices", "4", "--parallel",
+                  "data:1,spatial:4", "--json")
+    assert (one["devices"], one["parallel"]) == (1, "data:1,spatial:1")
+    assert (split["devices"], split["parallel"]) == (4, "data:1,spatial:4")
+    assert one["collective_bytes"] == 0 < split["collective_bytes"]
+    assert split["collectives"]["total"] == split["collective_bytes"]
+    assert split["temp_bytes"] < 0.6 * one["temp_bytes"]
+    assert split["argument_bytes"] < one["argument_bytes"]
