@@ -50,6 +50,8 @@ def memory_of(name: str) -> MemoryConfig:
         return get_recipe("lean").replace(edge_block_size=EDGE_BLOCK)
     if name == "bf16":
         return MemoryConfig(precision="bf16")
+    if name == "lean-bf16":
+        return get_recipe("lean", "bf16").replace(edge_block_size=EDGE_BLOCK)
     return MemoryConfig()
 
 
@@ -79,12 +81,37 @@ def main() -> None:
         with jax.set_mesh(mesh):
             loss, grads = loss_and_grad(place_step_args(mesh, params, graph, example), memory,
                                         rollout, weights)
+        leaves = jax.tree_util.tree_leaves(grads)
         rel = max(float(np.max(np.abs(a - b)) / (np.max(np.abs(b)) + 1e-30))
-                  for a, b in zip(jax.tree_util.tree_leaves(grads), ref_leaves))
-        print(json.dumps({"layout": layout.spec, "memory": memory_name, "loss": float(loss),
-                          "ref_loss": float(ref_loss),
-                          "loss_rel": abs(float(loss) - float(ref_loss)) / abs(float(ref_loss)),
-                          "grad_rel": rel}), flush=True)
+                  for a, b in zip(leaves, ref_leaves))
+        record = {"layout": layout.spec, "memory": memory_name, "loss": float(loss),
+                  "ref_loss": float(ref_loss),
+                  "loss_rel": abs(float(loss) - float(ref_loss)) / abs(float(ref_loss)),
+                  "grad_rel": rel, "grad_norm_rel": norm_rel(leaves, ref_leaves)}
+        if memory.precision != "f32":  # also against one device's float32 baseline
+            f32_loss, f32_grads = loss_and_grad((params, graph, example),
+                                                memory.replace(precision="f32"), rollout, weights)
+            f32_leaves = jax.tree_util.tree_leaves(f32_grads)
+            record.update(
+                loss_rel_f32=abs(float(loss) - float(f32_loss)) / abs(float(f32_loss)),
+                grad_norm_rel_f32=norm_rel(leaves, f32_leaves),
+                grad_cosine_f32=cosine(leaves, f32_leaves))
+        print(json.dumps(record), flush=True)
+
+
+def flat(leaves) -> np.ndarray:
+    return np.concatenate([np.ravel(np.asarray(x, np.float64)) for x in leaves])
+
+
+def norm_rel(leaves, ref_leaves) -> float:
+    """|a - b| / |b| over all gradients as one vector."""
+    a, b = flat(leaves), flat(ref_leaves)
+    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+def cosine(leaves, ref_leaves) -> float:
+    a, b = flat(leaves), flat(ref_leaves)
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
 
 
 if __name__ == "__main__":
