@@ -51,10 +51,19 @@ def hardware() -> dict:
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
 
 
+LAYOUTS = ("spatial", "spatial-replicated", "data")
+
+
 def layout_of(kind: str, devices: int) -> tuple[ParallelConfig, int]:
-    """(layout, global batch): spatial keeps batch 1, data gives each device one sample."""
+    """(layout, global batch): spatial keeps batch 1, data gives each device one sample.
+
+    `spatial` splits mesh nodes too (the default); `spatial-replicated` keeps them whole on
+    every device (`ParallelConfig.mesh_nodes`).
+    """
     if kind == "spatial":
         return ParallelConfig(spatial=devices), 1
+    if kind == "spatial-replicated":
+        return ParallelConfig(spatial=devices, mesh_nodes="replicated"), 1
     return ParallelConfig(data=devices), devices
 
 
@@ -78,10 +87,14 @@ def main() -> None:
     ap.add_argument("--presets", default="graphcast-small,graphcast")
     ap.add_argument("--recipes", default="lean")
     ap.add_argument("--devices", default="1,2,4,8")
-    ap.add_argument("--layouts", default="spatial,data")
+    ap.add_argument("--layouts", default="spatial,spatial-replicated,data",
+                    help="comma-separated, each one of " + ", ".join(LAYOUTS))
     ap.add_argument("--out", default=None, help="JSON path (default results/parallel-memory-"
                     "<backend>.json)")
     args = ap.parse_args()
+    for kind in args.layouts.split(","):
+        if kind not in LAYOUTS:
+            ap.error(f"--layouts {args.layouts}: each one of {', '.join(LAYOUTS)}")
     hw = hardware()
     out = Path(args.out or RESULTS / f"parallel-memory-{hw['backend']}.json")
     rows: list = []
@@ -92,6 +105,8 @@ def main() -> None:
             for devices in (int(d) for d in args.devices.split(",")):
                 for kind in args.layouts.split(","):
                     layout, batch = layout_of(kind, devices)
+                    if devices == 1:
+                        layout = ParallelConfig()
                     if (layout, batch) in done:
                         continue  # one device: every layout is the same
                     done.add((layout, batch))

@@ -52,7 +52,7 @@ from gclab.model.layers import (
     mlp_concat,
     node_side,
 )
-from gclab.parallel.sharding import full_rows, spatial_shards, split_rows, split_shards
+from gclab.parallel.sharding import mesh_rows, spatial_shards, split_rows, split_shards
 
 Array = jax.Array
 
@@ -193,7 +193,7 @@ def encoder(P: dict, graph: GraphInputs, inputs: Array, mem: MemoryConfig):
     mesh_in = jnp.concatenate([jnp.zeros((nm, channels), dtype),
                                graph.mesh_nodes.astype(dtype)], axis=-1)  # [Nm, C+3]
     mesh = mlp(P["encoder_nodes_mesh_nodes"], mesh_in)  # [Nm, L], batch-independent
-    mesh = full_rows(jnp.broadcast_to(mesh[:, None], (nm, batch, mesh.shape[-1])))  # [Nm,B,L]
+    mesh = mesh_rows(jnp.broadcast_to(mesh[:, None], (nm, batch, mesh.shape[-1])))  # [Nm,B,L]
     edge_p = P["processor_edges_0_grid2mesh"]
     gam = mem.gather_after_matmul
     mesh_side = node_side(edge_p, mesh, "receiver", gam)  # [Nm, B, L]
@@ -212,7 +212,7 @@ def encoder(P: dict, graph: GraphInputs, inputs: Array, mem: MemoryConfig):
     else:
         grid_side = None if grid is None else node_side(edge_p, grid, "sender", gam)
         incoming = _blocked_encoder_sum(P, graph, inputs, grid_side, mesh_side, mem)
-    mesh = full_rows(mesh + mlp_concat(P["processor_nodes_0_mesh_nodes"], [mesh, incoming]))
+    mesh = mesh_rows(mesh + mlp_concat(P["processor_nodes_0_mesh_nodes"], [mesh, incoming]))
     if grid is not None:
         grid = grid + mlp(P["processor_nodes_0_grid_nodes"], grid)
     return grid, mesh
@@ -301,8 +301,8 @@ def processor(P: dict, graph: GraphInputs, mesh: Array, mem: MemoryConfig) -> Ar
             edges, incoming = blocked_edge_update(
                 functools.partial(_block_messages, gam), (p["edges"], sides), edges, senders,
                 receivers, valid, nm, f32_sum, shards, split_shards)
-        incoming = checkpoint_name(incoming, AGGREGATED_MESSAGES)
-        mesh = full_rows(mesh + mlp_concat(p["nodes"], [mesh, incoming]))  # [Nm, B, L]
+        incoming = checkpoint_name(mesh_rows(incoming), AGGREGATED_MESSAGES)
+        mesh = mesh_rows(mesh + mlp_concat(p["nodes"], [mesh, incoming]))  # [Nm, B, L]
         mesh = checkpoint_name(mesh, NODE_LATENTS)
         return (mesh, edges), None
 

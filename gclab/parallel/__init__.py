@@ -10,6 +10,7 @@
 from gclab.parallel.config import (
     DATA_AXIS,
     MESH_AXES,
+    MESH_NODES,
     PARALLEL_SPEC_HELP,
     PIPELINE_AXIS,
     SPATIAL_AXIS,
@@ -23,16 +24,18 @@ from gclab.parallel.sharding import (
     full_rows,
     global_array,
     make_mesh,
+    mesh_rows,
     replicated,
     rows_sharding,
     spatial_shards,
     split_rows,
     split_shards,
+    use_layout,
 )
 
 __all__ = [
-    "DATA_AXIS", "MESH_AXES", "PARALLEL_SPEC_HELP", "PIPELINE_AXIS", "SPATIAL_AXIS",
+    "DATA_AXIS", "MESH_AXES", "MESH_NODES", "PARALLEL_SPEC_HELP", "PIPELINE_AXIS", "SPATIAL_AXIS",
     "ParallelConfig", "active_axes", "full_rows", "global_array", "initialize_processes",
-    "layouts", "make_mesh", "parse_parallel_spec", "replicated", "rows_sharding",
-    "spatial_shards", "split_rows", "split_shards", "use_cpu_devices",
+    "layouts", "make_mesh", "mesh_rows", "parse_parallel_spec", "replicated", "rows_sharding",
+    "spatial_shards", "split_rows", "split_shards", "use_cpu_devices", "use_layout",
 ]

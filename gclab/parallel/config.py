@@ -9,6 +9,12 @@ devices. Each axis splits something different:
 | `spatial` | grid nodes and every edge set (grid2mesh, multimesh, mesh2grid) into contiguous blocks | 1/D of every `[Ng, B, L]` and `[E, B, L]` array; the mesh nodes whole | sums into mesh nodes all-reduced, node tables gathered before the edge gathers |
 | `pipeline` | reserved for stages of the network (must be 1 for now) | | |
 
+With `spatial` > 1, mesh nodes are split too by default (`mesh_nodes="split"`): each
+device keeps 1/D of every mesh-node latent, sums into mesh nodes become a reduce-scatter
+and the edge gathers read the nodes through an all-gather. `mesh_nodes="replicated"` keeps
+them whole on every device: less communication, more memory (the 16 saved step latents of
+the processor are held whole on every device).
+
 Layouts combine with every `MemoryConfig` technique and with bfloat16: the techniques
 change how each device evaluates its share, the layout which share it evaluates.
 """
@@ -26,8 +32,11 @@ DATA_AXIS = "data"
 SPATIAL_AXIS = "spatial"
 PIPELINE_AXIS = "pipeline"
 MESH_AXES = (DATA_AXIS, PIPELINE_AXIS, SPATIAL_AXIS)
+MESH_NODES = ("split", "replicated")
 PARALLEL_SPEC_HELP = ("comma-separated AXIS:SIZE with AXIS one of data, spatial, pipeline and "
-                      "SIZE an integer >= 1 (e.g. data:2,spatial:4); axes left out have size 1")
+                      "SIZE an integer >= 1 (e.g. data:2,spatial:4); axes left out have size 1; "
+                      "mesh-nodes:replicated keeps mesh nodes whole on every device (default "
+                      "split)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,11 +50,16 @@ class ParallelConfig:
         activation memory towards 1/spatial; costs collectives inside every GNN step
         (sums into mesh nodes, gathers of node tables).
       pipeline: stages of the network (reserved; must be 1).
+      mesh_nodes: with `spatial` > 1, `"split"` (mesh-node arrays split over `spatial`:
+        1/D of their memory per device, a reduce-scatter and an all-gather per GNN step) or
+        `"replicated"` (whole on every device: an all-reduce per step, no gather traffic,
+        every device holds every mesh-node latent).
     """
 
     data: int = 1
     spatial: int = 1
     pipeline: int = 1
+    mesh_nodes: str = "split"
 
     def __post_init__(self) -> None:
         for field in ("data", "spatial", "pipeline"):
@@ -54,6 +68,8 @@ class ParallelConfig:
                 invalid(self, field, "an integer >= 1")
         if self.pipeline != 1:
             invalid(self, "pipeline", "1 (pipeline stages are not implemented yet)")
+        if self.mesh_nodes not in MESH_NODES:
+            invalid(self, "mesh_nodes", "one of " + ", ".join(MESH_NODES))
 
     @property
     def devices(self) -> int:
@@ -69,13 +85,15 @@ class ParallelConfig:
     def spec(self) -> str:
         """This layout as a spec string (`parse_parallel_spec` reads it back)."""
         return ",".join(f"{name}:{getattr(self, name)}" for name in ("data", "spatial")
-                        ) + ("" if self.pipeline == 1 else f",pipeline:{self.pipeline}")
+                        ) + ("" if self.pipeline == 1 else f",pipeline:{self.pipeline}") + (
+                            "" if self.mesh_nodes == "split" else f",mesh-nodes:{self.mesh_nodes}")
 
     def replace(self, **changes) -> "ParallelConfig":
         return dataclasses.replace(self, **changes)
 
 
 _ITEM = re.compile(r"^\s*(data|spatial|pipeline)\s*:\s*(\d+)\s*$")
+_MESH_ITEM = re.compile(r"^\s*mesh-nodes\s*:\s*(\w+)\s*$")
 
 
 def parse_parallel_spec(spec: str) -> ParallelConfig:
@@ -85,10 +103,14 @@ def parse_parallel_spec(spec: str) -> ParallelConfig:
       ValueError: a malformed spec or an axis named twice (the message lists what is
         accepted), or an invalid size (the message names the field).
     """
-    sizes: dict[str, int] = {}
+    sizes: dict = {}
     items = spec.split(",") if isinstance(spec, str) and spec.strip() else [None]
     for item in items:
         m = _ITEM.match(item) if item is not None else None
+        mesh = _MESH_ITEM.match(item) if item is not None and m is None else None
+        if mesh is not None and "mesh_nodes" not in sizes:
+            sizes["mesh_nodes"] = mesh.group(1)
+            continue
         if m is None or m.group(1) in sizes:
             raise ValueError(f"malformed parallel spec {spec!r}; accepted: {PARALLEL_SPEC_HELP}")
         sizes[m.group(1)] = int(m.group(2))

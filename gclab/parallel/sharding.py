@@ -26,13 +26,18 @@ Shapes: N rows (nodes or edges), B batch, L latent.
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+import contextlib
+import contextvars
+from typing import Iterator, Optional, Sequence
 
 import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from gclab.parallel.config import DATA_AXIS, MESH_AXES, SPATIAL_AXIS, ParallelConfig
+
+# How mesh-node arrays are laid out while a layout is in use (`use_layout`).
+_MESH_NODES = contextvars.ContextVar("gclab_mesh_nodes", default="replicated")
 
 
 def make_mesh(parallel: ParallelConfig, devices: Optional[Sequence] = None) -> Mesh:
@@ -51,6 +56,25 @@ def make_mesh(parallel: ParallelConfig, devices: Optional[Sequence] = None) -> M
         raise ValueError(f"layout {parallel.spec} needs {n} devices, JAX has {len(devices)}")
     return jax.make_mesh(parallel.axis_sizes, MESH_AXES,
                          axis_types=(AxisType.Auto,) * len(MESH_AXES), devices=devices[:n])
+
+
+@contextlib.contextmanager
+def use_layout(mesh: Mesh, mesh_nodes: str = "split") -> Iterator[Mesh]:
+    """Sets `mesh` (`jax.set_mesh`) and the mesh-node rule while a step is traced.
+
+    Everything the network marks (`split_rows`, `full_rows`, `mesh_rows`) reads these, so a
+    step must be traced inside this context; running a compiled step needs only the mesh.
+
+    Args:
+      mesh: from `make_mesh`.
+      mesh_nodes: `ParallelConfig.mesh_nodes` of the layout.
+    """
+    token = _MESH_NODES.set(mesh_nodes)
+    try:
+        with jax.set_mesh(mesh):
+            yield mesh
+    finally:
+        _MESH_NODES.reset(token)
 
 
 def active_axes() -> tuple[str, ...]:
@@ -111,6 +135,19 @@ def full_rows(x: jax.Array, batch_axis: Optional[int] = 1) -> jax.Array:
     if SPATIAL_AXIS not in active_axes():
         return x
     return jax.lax.with_sharding_constraint(x, _spec(x.ndim, None, None, batch_axis))
+
+
+def mesh_rows(x: jax.Array, batch_axis: Optional[int] = 1) -> jax.Array:
+    """Marks a mesh-node array `[Nm, B, L]` by the layout's rule (`ParallelConfig.mesh_nodes`).
+
+    `split`: rows split over `spatial` like grid nodes; sums of messages into them become a
+    reduce-scatter and the edge gathers read them through an all-gather, so each device
+    keeps 1/D of every mesh-node latent the backward pass saves. `replicated`: whole on
+    every device (`full_rows`); sums become an all-reduce, gathers need no communication.
+    """
+    if _MESH_NODES.get() == "split":
+        return split_rows(x, batch_axis=batch_axis)
+    return full_rows(x, batch_axis=batch_axis)
 
 
 def rows_sharding(mesh: Mesh, shape: Sequence[int], rows_axis: Optional[int] = None,

@@ -34,7 +34,7 @@ from gclab.measure.timeline import compile_with_timeline
 from gclab.memory.config import MemoryConfig, recipe_name
 from gclab.model.graphcast import graph_inputs, make_network, param_shapes
 from gclab.parallel.config import ParallelConfig
-from gclab.parallel.sharding import make_mesh
+from gclab.parallel.sharding import make_mesh, use_layout
 from gclab.sizing.analytical import GraphCounts, estimate, param_count
 
 
@@ -271,7 +271,7 @@ def compile_train_step(spec: StepSpec, graphs: Optional[Graphs] = None, *,
     lines = None
     with contextlib.ExitStack() as stack:
         if mesh is not None:
-            stack.enter_context(jax.set_mesh(mesh))
+            stack.enter_context(use_layout(mesh, spec.parallel.mesh_nodes))
         if timeline:
             compiled, seconds, lines = compile_with_timeline(
                 step, *args, donate_argnums=donate, name=spec.memory_label(),

@@ -31,7 +31,7 @@ from gclab.config import TaskConfig
 from gclab.memory.config import MemoryConfig
 from gclab.model.graphcast import GraphInputs
 from gclab.parallel.config import DATA_AXIS
-from gclab.parallel.sharding import global_array, replicated, rows_sharding
+from gclab.parallel.sharding import global_array, replicated, rows_sharding, use_layout
 from gclab.training.examples import Example
 from gclab.training.step import TrainState, train_step_fn
 
@@ -99,10 +99,12 @@ def place_example(mesh: Mesh, example: Example) -> Example:
 def make_sharded_train_step(net: hk.Transformed, optimizer: optax.GradientTransformation,
                             task: TaskConfig, memory: MemoryConfig, rollout: int,
                             weights: tuple, mesh: Mesh,
-                            residual_scale: jax.Array | float = 1.0) -> Callable:
+                            residual_scale: jax.Array | float = 1.0,
+                            mesh_nodes: str = "split") -> Callable:
     """`make_train_step` over the devices of `mesh`.
 
-    Arguments as in `gclab.training.make_train_step`, with the mesh. The returned step
+    Arguments as in `gclab.training.make_train_step`, with the mesh and the layout's
+    `ParallelConfig.mesh_nodes`. The returned step
     takes arguments placed by `place_step_args` (or shapes from `abstract_step_args`:
     `step.lower(*args)`), and returns the new state and metrics whole on every device.
     """
@@ -111,11 +113,11 @@ def make_sharded_train_step(net: hk.Transformed, optimizer: optax.GradientTransf
                      donate_argnums=(0,) if memory.donate else ())
 
     def step(state: TrainState, graph: GraphInputs, example: Example):
-        with jax.set_mesh(mesh):
+        with use_layout(mesh, mesh_nodes):
             return jitted(state, graph, example)
 
     def lower(state, graph, example):
-        with jax.set_mesh(mesh):
+        with use_layout(mesh, mesh_nodes):
             return jitted.lower(state, graph, example)
 
     step.lower = lower

@@ -24,7 +24,7 @@ from gclab.config import ModelConfig, TaskConfig  # noqa: E402
 from gclab.geometry.graphs import graphs_for  # noqa: E402
 from gclab.memory.config import MemoryConfig, get_recipe  # noqa: E402
 from gclab.model.graphcast import graph_inputs, make_network  # noqa: E402
-from gclab.parallel import make_mesh, parse_parallel_spec  # noqa: E402
+from gclab.parallel import make_mesh, parse_parallel_spec, use_layout  # noqa: E402
 from gclab.sizing.step import plan_only_options  # noqa: E402
 from gclab.training.layout import place_step_args  # noqa: E402
 
@@ -78,7 +78,7 @@ def main() -> None:
         ref_loss, ref_grads = loss_and_grad((params, graph, example), memory, rollout, weights)
         ref_leaves = jax.tree_util.tree_leaves(ref_grads)
         mesh = make_mesh(layout)
-        with jax.set_mesh(mesh):
+        with use_layout(mesh, layout.mesh_nodes):
             loss, grads = loss_and_grad(place_step_args(mesh, params, graph, example), memory,
                                         rollout, weights)
         leaves = jax.tree_util.tree_leaves(grads)

@@ -35,7 +35,8 @@ def run_worker(devices: int, rollout: int, cases: str) -> list[dict]:
 
 
 @pytest.mark.parametrize("devices, rollout, cases", [
-    (2, 2, "data:2,spatial:1@none;data:1,spatial:2@none"),
+    (2, 2, "data:2,spatial:1@none;data:1,spatial:2@none;"
+           "data:1,spatial:2,mesh-nodes:replicated@blocks-remat"),
     (4, 1, "data:2,spatial:2@blocks-remat;data:1,spatial:4@lean"),
     (8, 1, "data:2,spatial:4@blocks-remat;data:1,spatial:8@none"),
 ])
