@@ -56,6 +56,7 @@ from gclab.parallel import (
     use_cpu_devices,
 )
 from gclab.plots import plot_sweep, plot_timeline
+from gclab.sizing.layout_plan import plan_layout
 from gclab.sizing.planner import BUDGET_HELP, NothingFits, parse_budget, plan
 from gclab.sizing.step import StepSpec, compile_train_step, train_step_timeline
 from gclab.sizing.sweep import MEASURES, save_sweep, sweep
@@ -196,9 +197,11 @@ def _remat(text: str) -> dict:
         raise _bad(text, REMAT_SPEC_HELP) from None
 
 
-def _budget(text: str) -> int:
+def _budget(text: str) -> str:
+    """A budget, kept as typed (a card's name also names its speeds)."""
     try:
-        return parse_budget(text)
+        parse_budget(text)
+        return text
     except ValueError:
         raise _bad(text, BUDGET_HELP) from None
 
@@ -488,6 +491,8 @@ def cmd_sweep(args) -> int:
 
 def cmd_plan(args) -> int:
     model, task = _resolve_model(args)
+    if args.devices is not None and args.devices > 1:
+        return _plan_layout(args, model, task)
     try:
         result = plan(args.budget, model, task, batch=args.batch, rollout=args.rollout,
                       precision=args.precision,
@@ -551,6 +556,10 @@ def start_devices(args) -> None:
     an accelerator the setting only concerns the CPU and the layout uses the accelerators.
     A multi-process run is joined here too (`jax.distributed.initialize` also comes first).
     """
+    if not hasattr(args, "parallel"):  # plan: every layout of --devices devices
+        if args.devices is not None and args.devices > 1:
+            use_cpu_devices(args.devices)
+        return
     layout = args.layout = _resolve_parallel(args)
     multiple = layout.data * _resolve_memory(args, args.recipe).microbatches
     if args.batch % multiple:
@@ -604,6 +613,21 @@ def cmd_train(args) -> int:
         result.checkpoint is not None) else ""
     print(f"trained to step {result.steps} on {layout.devices} {jax.default_backend()} "
           f"device(s) ({layout.spec}){where}")
+    return 0
+
+
+def _plan_layout(args, model, task) -> int:
+    try:
+        result = plan_layout(args.budget, model, task, args.devices, batch=args.batch,
+                             rollout=args.rollout, precision=args.precision,
+                             recipes=args.recipes)
+    except NothingFits as e:
+        print(f"gclab plan: {e}", file=sys.stderr)
+        return 1
+    if args.json:
+        _print_json(result.to_dict())
+    else:
+        print(result.explain())
     return 0
 
 
@@ -677,6 +701,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--compiled", type=_choice(("auto", "yes", "no")), default="auto",
                    help="verify with compiled figures: yes, no, or auto (the default: where "
                    "compiling is quick)")
+    g.add_argument("--devices", type=_count(1), metavar="N",
+                   help="plan a layout over N devices (every data x spatial layout and recipe "
+                   "is compiled; the budget is per device; simulated CPU devices on a CPU)")
+    g.add_argument("--recipes", type=_recipes, metavar="NAME[,NAME...]",
+                   help="with --devices: the recipes to consider (default all: "
+                   + ", ".join(RECIPES) + ")")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_plan)
 

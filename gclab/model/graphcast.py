@@ -52,7 +52,13 @@ from gclab.model.layers import (
     mlp_concat,
     node_side,
 )
-from gclab.parallel.sharding import mesh_rows, spatial_shards, split_rows, split_shards
+from gclab.parallel.sharding import (
+    full_rows,
+    mesh_rows,
+    spatial_shards,
+    split_rows,
+    split_shards,
+)
 
 Array = jax.Array
 
@@ -196,7 +202,7 @@ def encoder(P: dict, graph: GraphInputs, inputs: Array, mem: MemoryConfig):
     mesh = mesh_rows(jnp.broadcast_to(mesh[:, None], (nm, batch, mesh.shape[-1])))  # [Nm,B,L]
     edge_p = P["processor_edges_0_grid2mesh"]
     gam = mem.gather_after_matmul
-    mesh_side = node_side(edge_p, mesh, "receiver", gam)  # [Nm, B, L]
+    mesh_side = full_rows(node_side(edge_p, mesh, "receiver", gam))  # [Nm, B, L]
     if mem.stream_grid_nodes:
         grid = None
     else:
@@ -290,8 +296,10 @@ def processor(P: dict, graph: GraphInputs, mesh: Array, mem: MemoryConfig) -> Ar
     def step(carry, p):
         mesh, edges = carry
         gam = mem.gather_after_matmul
-        sides = (node_side(p["edges"], mesh, "sender", gam),
-                 node_side(p["edges"], mesh, "receiver", gam))  # [Nm, B, L] each
+        # Gathered whole once per step (split mesh nodes: one all-gather each), so that
+        # the edge gathers, block by block, read local rows.
+        sides = (full_rows(node_side(p["edges"], mesh, "sender", gam)),
+                 full_rows(node_side(p["edges"], mesh, "receiver", gam)))  # [Nm, B, L] each
         if not blocked:
             messages = split_rows(edge_messages(p["edges"], edges, sides[0][senders],
                                                 sides[1][receivers], (gam, gam)))  # [E, B, L]
@@ -351,7 +359,8 @@ def _blocked_decoder(P, graph, grid, mesh, mem, P_enc, inputs) -> Array:
     f32_sum = mem.float32_aggregation
     gam = mem.gather_after_matmul
     edge_p = P["processor_edges_0_mesh2grid"]
-    mesh_side = node_side(edge_p, mesh, "sender", gam)  # [Nm, B, L]
+    # Gathered whole once, so that no block gathers across devices.
+    mesh_side = full_rows(node_side(edge_p, mesh, "sender", gam))  # [Nm, B, L]
     split = functools.partial(split_blocks, shards=shards)
     node_xs = ((split(inputs, bn), split(graph.grid_nodes, bn)) if streamed
                else (split(grid, bn),))

@@ -1,0 +1,198 @@
+"""Layout planner: the device layout and memory recipe that fit a card in the least time.
+
+`plan_layout(budget, model, task, devices)` compiles one training step (shapes only) for
+every data x spatial layout of `devices` devices (`gclab.parallel.layouts`) and every
+named recipe, keeps those whose per-device compiled total fits the usable budget, and
+picks the one with the least predicted step time:
+
+    time = (3 + r) x F / (D x flops_per_s)  +  C / link_bytes_per_s
+
+F is the forward FLOPs of the global batch (`gclab.sizing.analytical.stage_flops`: the
+backward pass costs about twice the forward), r the recipe's extra forward FLOPs over
+one forward (`recompute_flops`), D the devices, and C the bytes each device receives or
+reduces per step, read from the partitioned program's optimised HLO
+(`gclab.measure.collectives`). It assumes no overlap of compute and communication and
+perfect balance between devices, so it ranks candidates; it does not promise seconds.
+XLA's own cost analysis is not used for F: it counts a loop body once, whatever its
+trip count (the 16 processor steps are one `lax.scan`).
+
+Card speeds are the vendors' published dense figures (`CARD_SPEEDS`); a budget given in
+bytes is ranked with `REFERENCE_CARD`'s speeds, and the explanation says so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Optional, Union
+
+from gclab.config import ModelConfig, TaskConfig
+from gclab.geometry.graphs import graphs_for
+from gclab.measure.compiled import format_bytes
+from gclab.memory.config import RECIPES, get_recipe
+from gclab.parallel.config import layouts
+from gclab.sizing import analytical
+from gclab.sizing.planner import CARDS, NothingFits, parse_budget
+from gclab.sizing.step import StepSpec, compile_train_step
+
+#: Share of a card's memory a step may plan to use (JAX's default allocator pool).
+USABLE_FRACTION = 0.75
+
+
+@dataclasses.dataclass(frozen=True)
+class CardSpeed:
+    """Published peak speeds of one card (dense, no sparsity).
+
+    Attributes:
+      f32_flops: float32 matmul FLOP/s (TF32 tensor cores where the card has them, as
+        XLA uses them for float32 matmuls by default on such cards).
+      bf16_flops: bfloat16 (or float16 where the card has no bfloat16) FLOP/s.
+      link_bytes_per_s: device-to-device bandwidth per device (NVLink, or PCIe).
+    """
+    f32_flops: float
+    bf16_flops: float
+    link_bytes_per_s: float
+
+
+T = 1e12
+G = 1e9
+#: Vendors' data-sheet figures (SXM forms for A100/H100; PCIe 3/4 x16 where no NVLink).
+CARD_SPEEDS = {
+    "T4": CardSpeed(8.1 * T, 65 * T, 16 * G),
+    "L4": CardSpeed(60 * T, 121 * T, 32 * G),
+    "A100-40GB": CardSpeed(156 * T, 312 * T, 300 * G),
+    "A100-80GB": CardSpeed(156 * T, 312 * T, 300 * G),
+    "H100": CardSpeed(495 * T, 990 * T, 450 * G),
+}
+REFERENCE_CARD = "H100"
+
+
+@dataclasses.dataclass(frozen=True)
+class LayoutPlan:
+    """The chosen layout and recipe, and every candidate.
+
+    Attributes:
+      spec: the chosen step (its `parallel` is the layout, `memory` the recipe).
+      recipe: the recipe's name.
+      per_device_bytes: its compiled total per device (arguments + outputs + temp).
+      predicted_seconds: its predicted step time (a ranking, see the module docstring).
+      budget_bytes: the card's (or budget's) memory.
+      usable_bytes: `USABLE_FRACTION` of it.
+      speeds_of: the card whose speeds ranked the candidates.
+      candidates: one dict per layout x recipe (layout, recipe, per-device bytes,
+        collective bytes, predicted seconds, fits, or why it was skipped).
+    """
+    spec: StepSpec
+    recipe: str
+    per_device_bytes: int
+    predicted_seconds: float
+    budget_bytes: int
+    usable_bytes: int
+    speeds_of: str
+    candidates: list
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"devices": self.spec.parallel.devices, "parallel": self.spec.parallel.spec,
+                "recipe": self.recipe, "precision": self.spec.memory.precision,
+                "batch": self.spec.batch, "per_device_bytes": self.per_device_bytes,
+                "predicted_seconds": self.predicted_seconds,
+                "budget_bytes": self.budget_bytes, "usable_bytes": self.usable_bytes,
+                "speeds_of": self.speeds_of, "candidates": self.candidates}
+
+    def explain(self) -> str:
+        s = self.spec
+        lines = [f"Budget {format_bytes(self.budget_bytes)} per device (usable "
+                 f"{format_bytes(self.usable_bytes)}), {s.parallel.devices} devices, "
+                 f"{s.title()}.",
+                 f"Chosen: layout {s.parallel.spec}, recipe {self.recipe} "
+                 f"({s.memory.precision}): {format_bytes(self.per_device_bytes)} per device "
+                 f"(compiled), predicted {self.predicted_seconds * 1e3:.3g} ms per step with "
+                 f"{self.speeds_of}'s speeds.",
+                 "Candidates:"]
+        for c in self.candidates:
+            if c.get("skipped"):
+                lines.append(f"  {c['parallel']:<18} {c['recipe']:<9} skipped: {c['skipped']}")
+                continue
+            mark = "fits" if c["fits"] else "does not fit"
+            lines.append(f"  {c['parallel']:<18} {c['recipe']:<9} "
+                         f"{format_bytes(c['per_device_bytes']):>11} per device, "
+                         f"{format_bytes(c['collective_bytes']):>11} collectives, "
+                         f"{c['predicted_seconds'] * 1e3:9.3g} ms  {mark}")
+        return "\n".join(lines)
+
+
+def card_name(budget: Union[int, float, str]) -> Optional[str]:
+    """The `CARDS` name a budget names (any case), else None."""
+    if isinstance(budget, str):
+        for name in CARDS:
+            if budget.strip().lower() == name.lower():
+                return name
+    return None
+
+
+def predicted_seconds(spec: StepSpec, collective_bytes: int, speed: CardSpeed) -> float:
+    """The predicted step time of `spec` on cards of `speed` (see the module docstring)."""
+    counts = analytical.GraphCounts.for_model(spec.model)
+    f = analytical.stage_flops(spec.model, spec.task, counts, spec.batch)["forward"]
+    extra = analytical.recompute_flops(spec.model, spec.task, spec.memory, counts, spec.batch)
+    flops_per_s = speed.f32_flops if spec.memory.precision == "f32" else speed.bf16_flops
+    compute = (3 * f + extra) / (spec.parallel.devices * flops_per_s)
+    return compute + collective_bytes / speed.link_bytes_per_s
+
+
+def plan_layout(budget: Union[int, float, str], model: ModelConfig, task: TaskConfig,
+                devices: int, *, batch: int = 1, rollout: int = 1, precision: str = "f32",
+                recipes: Optional[list[str]] = None) -> LayoutPlan:
+    """The layout and recipe of least predicted step time whose compiled plan fits.
+
+    Args:
+      budget: memory per device: bytes, a string such as '80GB', or a card of `CARDS`.
+      model, task: the model.
+      devices: the number of devices (simulated CPU devices on a CPU: the process must
+        offer at least this many, see `gclab.parallel.use_cpu_devices`).
+      batch: the global batch; layouts whose data axis does not divide it are skipped.
+      rollout: autoregressive steps.
+      precision: `f32` or `bf16`.
+      recipes: named recipes to consider (default: all of `RECIPES`).
+
+    Raises:
+      ValueError: a bad budget or device count.
+      NothingFits: no layout and recipe fits (the message lists the smallest).
+    """
+    total = parse_budget(budget)
+    usable = int(USABLE_FRACTION * total)
+    card = card_name(budget)
+    speeds_of = card if card in CARD_SPEEDS else REFERENCE_CARD
+    speed = CARD_SPEEDS[speeds_of]
+    graphs = graphs_for(model)
+    candidates, best = [], None
+    for layout in layouts(devices):
+        for recipe in recipes or list(RECIPES):
+            row = {"parallel": layout.spec, "recipe": recipe}
+            memory = get_recipe(recipe, precision)
+            if rollout > 1 and recipe != "none":
+                memory = memory.replace(rollout_remat=True)
+            if batch % (layout.data * memory.microbatches):
+                candidates.append({**row, "skipped": f"batch {batch} is not a multiple of "
+                                   f"data:{layout.data}"})
+                continue
+            spec = StepSpec(model, task, memory, batch=batch, rollout=rollout,
+                            parallel=layout)
+            step = compile_train_step(spec, graphs)
+            need = step.memory.total_bytes
+            coll = int(step.memory.collective_bytes)
+            seconds = predicted_seconds(spec, coll, speed)
+            fits = need <= usable
+            candidates.append({**row, "per_device_bytes": need, "collective_bytes": coll,
+                               "predicted_seconds": seconds, "fits": fits})
+            if fits and (best is None or seconds < best[2]):
+                best = (spec, recipe, seconds, need)
+    if best is None:
+        sized = [c for c in candidates if not c.get("skipped")]
+        if not sized:
+            raise NothingFits(f"no layout of {devices} devices divides batch {batch}")
+        least = min(sized, key=lambda c: c["per_device_bytes"])
+        raise NothingFits(f"nothing fits {format_bytes(usable)} per device: the smallest is "
+                          f"{least['parallel']} with {least['recipe']}, "
+                          f"{format_bytes(least['per_device_bytes'])} per device")
+    spec, recipe, seconds, need = best
+    return LayoutPlan(spec, recipe, need, seconds, total, usable, speeds_of, candidates)
