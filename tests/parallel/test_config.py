@@ -22,6 +22,7 @@ def test_default_layout_is_one_device():
     ("spatial:8", (1, 8, 1)),
     (" data : 3 ", (3, 1, 1)),
     ("spatial:2,data:2,pipeline:1", (2, 2, 1)),
+    ("spatial:4,mesh-nodes:replicated", (1, 4, 1)),
 ])
 def test_parse_parallel_spec(spec, sizes):
     p = parse_parallel_spec(spec)
@@ -30,7 +31,16 @@ def test_parse_parallel_spec(spec, sizes):
     assert p.devices == sizes[0] * sizes[1] * sizes[2]
 
 
-@pytest.mark.parametrize("spec", ["", "data", "data:x", "model:2", "data:2,data:2", "data:-1"])
+def test_mesh_nodes_are_split_unless_the_spec_says_replicated():
+    assert parse_parallel_spec("spatial:4").mesh_nodes == "split"
+    kept = parse_parallel_spec("spatial:4,mesh-nodes:replicated")
+    assert kept.mesh_nodes == "replicated" and kept.spec.endswith(",mesh-nodes:replicated")
+    with pytest.raises(ValueError, match=r"ParallelConfig\.mesh_nodes='whole'.*split"):
+        parse_parallel_spec("spatial:4,mesh-nodes:whole")
+
+
+@pytest.mark.parametrize("spec", ["", "data", "data:x", "model:2", "data:2,data:2", "data:-1",
+                                  "mesh-nodes:split,mesh-nodes:split"])
 def test_malformed_spec_lists_what_is_accepted(spec):
     with pytest.raises(ValueError, match="accepted: comma-separated AXIS:SIZE"):
         parse_parallel_spec(spec)
