@@ -1,10 +1,19 @@
-"""Shared test fixtures: the official reference fixtures and small presets."""
+"""Shared test fixtures: the official reference fixtures and small presets.
 
+Every process the tests start (workers of `pytest -n`, subprocesses, notebook kernels)
+shares JAX's persistent compilation cache, so a step compiled once is not compiled again:
+`JAX_COMPILATION_CACHE_DIR` is set here, before JAX starts, unless the caller set it.
+"""
+
+import os
 from pathlib import Path
 
-import pytest
+ROOT = Path(__file__).resolve().parents[1]
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(ROOT / ".cache" / "jax"))
 
-from gclab.config import get_preset
+import pytest  # noqa: E402
+
+from gclab.config import get_preset  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data"
 
