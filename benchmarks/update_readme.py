@@ -4,8 +4,9 @@ The README shows numbers only through this script: the recipe table comes from
 `benchmarks/results/memory-cpu.json` (written by `memory_recipes.py`) and the planner
 example from `benchmarks/results/plan-graphcast-small-T4.txt` (the output of
 `python -m gclab plan --budget T4 --preset graphcast-small`), the book's build time from
-`benchmarks/results/book-build-cpu.json` (written by `book_build.py`). `tests/test_readme.py`
-checks that the README matches them.
+`benchmarks/results/book-build-cpu.json` (written by `book_build.py`), the per-device
+table from `benchmarks/results/parallel-memory-cpu-*.json` (written by `parallel_memory.py`).
+`tests/test_readme.py` checks that the README matches them.
 
     python benchmarks/update_readme.py
 """
@@ -70,7 +71,34 @@ def book_block() -> str:
             f"{chapters}.")
 
 
-BLOCKS = {"memory-table": memory_block, "plan-example": plan_block, "book-build": book_block}
+def parallel_block() -> str:
+    records = [json.loads((RESULTS / f"parallel-memory-cpu-{name}.json").read_text())
+               for name in ("1deg", "025deg")]
+    hw = records[0]["hardware"]
+    lines = [f"Compiled per device on {hw['simulated_devices']} simulated CPU devices "
+             f"({hw['cpu_count']}-core {hw['backend']}, jax {hw['jax']}, "
+             + ", ".join(sorted({r["hardware"]["date"][:10] for r in records})) + "), "
+             "`lean`, batch 1, spatial layouts:", "",
+             "| model | mesh nodes | " + " | ".join(f"{d} devices" for d in (1, 2, 4, 8))
+             + " | collectives / step at 8 |", "|---|---|" + "---:|" * 5]
+    for record in records:
+        rows = record["rows"]
+        one = next(r for r in rows if r["devices"] == 1)
+        for kind in ("split", "replicated"):
+            layouts = {r["devices"]: r for r in rows if r["batch"] == 1 and r["devices"] > 1
+                       and ("mesh-nodes:replicated" in r["parallel"]) == (kind == "replicated")}
+            if 8 not in layouts:
+                continue
+            cells = [_gib(one["temp_bytes"])] + [
+                f"{_gib(layouts[d]['temp_bytes'])} ({layouts[d]['temp_bytes'] / one['temp_bytes']:.2f})"
+                if d in layouts else "" for d in (2, 4, 8)]
+            lines.append(f"| {one['preset']} | {kind} | " + " | ".join(cells)
+                         + f" | {_gib(layouts[8]['collective_bytes'])} |")
+    return "\n".join(lines)
+
+
+BLOCKS = {"memory-table": memory_block, "plan-example": plan_block, "book-build": book_block,
+          "parallel-table": parallel_block}
 
 
 def render(readme: str) -> str:
