@@ -99,6 +99,10 @@ def test_two_processes_train_like_one_process_with_as_many_devices():
     assert '"losses"' not in outs[1][0]  # only process 0 reports
     assert two["processes"] == 2 and one["processes"] == 1
     np.testing.assert_allclose(two["losses"], one["losses"], rtol=1e-5)
+    # and both train like one device
+    single = gclab("train", *TINY, "--train-steps", "2", "--batch", "2", "--json")
+    assert single["devices"] == 1
+    np.testing.assert_allclose(one["losses"], single["losses"], rtol=1e-5)
 
 
 def test_memory_reports_per_device_figures_and_collectives():
