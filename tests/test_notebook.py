@@ -131,3 +131,25 @@ def test_glue_pastes_numpy_scalars_as_python_numbers(monkeypatch):
     assert type(pasted["ratio"][0]) is float and pasted["ratio"][1] is False
     assert type(notebook.glue("count", np.int64(3))) is int
     assert notebook.glue("label", "1.5 GiB") == "1.5 GiB"
+
+
+def test_gpu_recordings_are_shown_with_hardware_date_and_ratio(tmp_path):
+    from gclab.notebook import gpu_recording
+
+    scale = SCALE_TABLE["80GB"]
+    assert gpu_recording("03", scale, tmp_path) is None
+    record = {"hardware": {"device": "NVIDIA H100 80GB HBM3", "backend": "gpu", "jax": "0.10.2",
+                           "commit": "0123456789abcdef"},
+              "date": "2026-11-24T01:00:00+00:00", "part": "chapter-03", "scale": "80GB",
+              "rows": [{"chapter": "03", "label": "lean", "plan_bytes": 10 * 2**30,
+                        "peak_bytes": 11 * 2**30, "measured_over_plan": 1.1,
+                        "step_seconds": 2.5, "status": "runs (plan 10.00 GiB)"},
+                       {"chapter": "03", "label": "none", "plan_bytes": 300 * 2**30,
+                        "status": "needs 300.00 GiB, does not fit this card"}]}
+    (tmp_path / "gpu-80GB-chapter-03.json").write_text(json.dumps(record))
+    title, table = gpu_recording("03", scale, tmp_path)
+    assert title.startswith("recorded on NVIDIA H100 80GB HBM3 (gpu), 2026-11-24")
+    assert "commit 0123456789ab" in title
+    assert list(table["configuration"]) == ["lean", "none"]
+    assert table["measured peak"][0] == "11.00 GiB" and table["measured / plan"][0] == 1.1
+    assert table["measured peak"][1] == "n/a" and "does not fit" in table["on the card"][1]
