@@ -146,7 +146,7 @@ class Scale:
                     f"{m.processor_steps} x {m.latent_size}")
 
         return {"scale": self.name, "usable": _format(self.device_class.usable_bytes)
-                + (f" ({self.device_class.card})" if self.device_class.card else " (host)"),
+                + (f" ({self.device_class.card})" if self.device_class.card else " (the cpu class)"),
                 "compiled": model(self.compiled), "live": model(self.live),
                 "geometries": ", ".join(f"{r:g} deg/{s}" for r, s in self.geometries),
                 "timed repeats": str(self.timed_repeats)}
