@@ -145,8 +145,9 @@ class Scale:
             return (f"{m.resolution:g} deg / {m.mesh_splits} splits, "
                     f"{m.processor_steps} x {m.latent_size}")
 
-        return {"scale": self.name, "usable": _format(self.device_class.usable_bytes)
-                + (f" ({self.device_class.card})" if self.device_class.card else " (the cpu class)"),
+        where = self.device_class.card or "the cpu class"
+        return {"scale": self.name,
+                "usable": f"{_format(self.device_class.usable_bytes)} ({where})",
                 "compiled": model(self.compiled), "live": model(self.live),
                 "geometries": ", ".join(f"{r:g} deg/{s}" for r, s in self.geometries),
                 "timed repeats": str(self.timed_repeats)}

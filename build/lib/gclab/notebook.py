@@ -146,7 +146,7 @@ class Scale:
                     f"{m.processor_steps} x {m.latent_size}")
 
         return {"scale": self.name, "usable": _format(self.device_class.usable_bytes)
-                + (f" ({self.device_class.card})" if self.device_class.card else " (host)"),
+                + (f" ({self.device_class.card})" if self.device_class.card else " (the cpu class)"),
                 "compiled": model(self.compiled), "live": model(self.live),
                 "geometries": ", ".join(f"{r:g} deg/{s}" for r, s in self.geometries),
                 "timed repeats": str(self.timed_repeats)}
@@ -442,3 +442,32 @@ def measured_peak(spec, repeats: int = 2) -> Optional[int]:
     r = measure_peak("gclab.sizing.sweep:timed_steps",
                      {"spec_json": spec.to_json(), "steps": repeats})
     return r.peak_bytes if r.ok else None
+
+
+#: Recording of each chapter made by ``benchmarks/record_gpu.py`` (``gpu-<scale>-<part>``).
+GPU_RECORDING_PARTS = {"01": "chapters-01-05-07", "03": "chapter-03", "05": "chapters-01-05-07",
+                       "06": "chapter-06", "07": "chapters-01-05-07"}
+
+
+def gpu_recording(chapter: str, scale: Scale, data_dir: Optional[Path] = None):
+    """A chapter's GPU recording at `scale` as a table, or None where none was recorded.
+
+    Returns:
+      `(title, DataFrame)`: the title names the device, date, jax version and commit; the
+      rows give each configuration's plan, measured peak, their ratio and step time.
+    """
+    import pandas as pd
+
+    part = GPU_RECORDING_PARTS.get(str(chapter).zfill(2))
+    record = recorded(f"gpu-{scale.name}-{part}", data_dir) if part else None
+    if record is None:
+        return None
+    hw = record["hardware"]
+    rows = [{"configuration": r["label"], "plan": _format(r["plan_bytes"]),
+             "measured peak": _format(r.get("peak_bytes")),
+             "measured / plan": r.get("measured_over_plan"),
+             "step seconds": r.get("step_seconds"), "on the card": r["status"]}
+            for r in record["rows"] if r["chapter"] == str(chapter).zfill(2)]
+    title = (f"recorded on {hw['device']} ({hw.get('backend')}), {record['date']}, jax "
+             f"{hw.get('jax')}, gclab commit {str(hw.get('commit'))[:12]}")
+    return title, pd.DataFrame(rows)

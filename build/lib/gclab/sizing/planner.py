@@ -143,7 +143,11 @@ class Plan:
         if len(cheaper):
             lines.append("Cheaper settings did not fit: " + ", ".join(
                 f"{r.label} ({format_bytes(r.peak_bytes)})" for r in cheaper.itertuples()) + ".")
-        if self.milp:
+        if self.milp.get("status") == "infeasible":
+            lines.append("No mix of checkpointed processor steps and edge blocks fits by the "
+                         "formula (the MILP is infeasible); the settings above come from the "
+                         "ladder.")
+        elif self.milp:
             lines.append(f"The MILP checkpoints {self.milp.get('steps', 0)} of "
                          f"{m.processor_steps} processor steps"
                          + (" with edge blocks" if self.milp.get("edge_blocks") else "")
