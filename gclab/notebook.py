@@ -1,37 +1,55 @@
-"""What the book's chapters share: the hardware report, the scale, recorded measurements.
+"""What the book's chapters share: the hardware report, the scale, guarded live runs.
 
-Every chapter prints `hardware_report()` (backend, device, memory, versions, date) so that
-each number in it names the machine it came from, and runs at `choose_scale()`:
+Every chapter prints `hardware_report()` (backend, device, usable memory, versions, date)
+so that each number in it names the machine it came from, and runs at `choose_scale()`,
+one scale per device class (`gclab.devices`), chosen from the device's usable memory:
 
-* `cpu`: small grids, so that each chapter stays within about 3 minutes on 2 cores;
-* `gpu`: a Colab-class card (T4 16 GB, L4 24 GB): 1 deg compiled figures, larger live runs;
-* `big`: an 80 GB-class card (A100/H100): the published sizes, run for real.
+* ``cpu``: small grids, so that each chapter stays within about 3 minutes on 2 cores;
+* ``16GB``, ``24GB``, ``40GB`` (T4; L4 and A10G; A100-40GB): 1 deg compiled figures and
+  mid-size live runs (``SCALE == "gpu"`` holds for all three);
+* ``80GB``, ``141GB`` (A100-80GB and H100; H200): the published sizes compiled,
+  GraphCast_small run for real (``SCALE == "big"``).
 
-The scale comes from the hardware and can be forced with `GCLAB_SCALE=cpu|gpu|big`.
-Measurements recorded on a GPU live in `book/data/<name>.json` (hardware and date inside)
-and are read with `recorded(name)`.
+``GCLAB_SCALE`` forces a scale (a class name, or ``gpu`` / ``big`` for the smallest class of
+each). What a chapter runs on the device comes from `live_configs(chapter, scale)`, and each
+run goes through `run_if_fits`: compiled from shapes first, run only when its plan fits the
+usable memory with `gclab.devices.FIT_MARGIN`, otherwise reported as "needs X, does not fit".
+Recorded measurements (hardware and date inside) are read with `recorded(name)`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime
-import json
 import os
 import platform
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
-from gclab.config import ModelConfig
+from gclab import devices
+from gclab.config import ModelConfig, TaskConfig
+from gclab.recordings import output_dir
+from gclab.recordings import recorded as _read_recording
 
 try:
     from myst_nb import glue as myst_glue
 except ImportError:  # a notebook outside the book's build (Colab): values are not pasted
     myst_glue = None
 
-SCALES = ("cpu", "gpu", "big")
-BIG_CARD_BYTES = 60 * 2**30  # cards with at least this much memory run at `big`
-DATA_DIR = Path(__file__).resolve().parent.parent / "book" / "data"
+#: Scales, one per device class, smallest first.
+SCALES = tuple(devices.DEVICE_CLASSES)
+#: Older names accepted by ``GCLAB_SCALE``: the smallest class of each family.
+SCALE_ALIASES = {"gpu": "16GB", "big": "80GB"}
+SCALE_ENV = "GCLAB_SCALE"
+#: Where new recordings are written (never into an installed package).
+DATA_DIR = output_dir()
+
+
+class SettingError(ValueError):
+    """A bad setting (an environment variable); a notebook shows its one line, no traceback."""
+
+    def _render_traceback_(self) -> list[str]:  # IPython shows these lines instead
+        return [f"{type(self).__name__}: {self}"]
 
 
 class HardwareReport(dict):
@@ -40,14 +58,6 @@ class HardwareReport(dict):
     def __str__(self) -> str:
         width = max(map(len, self))
         return "\n".join(f"{k:<{width}}  {v}" for k, v in self.items())
-
-
-def _device_memory(device) -> Optional[int]:
-    try:
-        stats = device.memory_stats()
-    except Exception:  # some backends raise instead of returning None
-        return None
-    return None if not stats else stats.get("bytes_limit")
 
 
 def _host_memory() -> Optional[int]:
@@ -67,12 +77,14 @@ def hardware_report() -> HardwareReport:
     from gclab.measure.compiled import format_bytes
 
     device = jax.devices()[0]
-    device_memory = _device_memory(device)
+    device_memory = devices.usable_bytes(device)
     host = _host_memory()
     return HardwareReport({
         "backend": jax.default_backend(),
         "device": f"{device.device_kind} (x{jax.device_count()})",
-        "device memory": format_bytes(device_memory) if device_memory else "n/a (CPU: host RAM)",
+        "device memory": (f"{format_bytes(device_memory)} usable (the allocator's limit), "
+                          f"class {devices.device_class_of(device_memory).name}"
+                          if device_memory else "n/a (CPU: host RAM)"),
         "host memory": format_bytes(host) if host else "unknown",
         "cpu cores": os.cpu_count(),
         "platform": platform.platform(),
@@ -86,12 +98,13 @@ def hardware_report() -> HardwareReport:
 class Scale:
     """The sizes a chapter runs at, picked from the hardware by `choose_scale`.
 
-    A `Scale` compares equal to its name (``SCALE == "cpu"``) and its ``repr`` is the
-    quoted name, so chapters can branch on it like a string; ``str(scale)`` and
-    `describe` spell out the sizes.
+    A `Scale` compares equal to its name (``SCALE == "16GB"``) and to its family
+    (``SCALE == "gpu"``), and its ``repr`` is the quoted name, so chapters can branch on it
+    like a string; ``str(scale)`` and `describe` spell out the sizes.
 
     Attributes:
-      name: ``cpu``, ``gpu`` or ``big``.
+      name: the device class (``cpu``, ``16GB``, ``24GB``, ``40GB``, ``80GB``, ``141GB``).
+      family: ``cpu``, ``gpu`` (16 to 40 GB classes) or ``big`` (80 GB and more).
       compiled: the model whose training step is compiled (memory from shapes alone;
         compiling costs time, not device memory).
       live: the model that is actually run (forward passes, gradients, timed steps).
@@ -101,6 +114,7 @@ class Scale:
     """
 
     name: str
+    family: str
     compiled: ModelConfig
     live: ModelConfig
     geometries: tuple
@@ -108,7 +122,7 @@ class Scale:
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, str):
-            return self.name == other
+            return other.lower() in (self.name.lower(), self.family)
         if isinstance(other, Scale):
             return (self.name, self.compiled, self.live, self.geometries,
                     self.timed_repeats) == (other.name, other.compiled, other.live,
@@ -131,30 +145,53 @@ class Scale:
             return (f"{m.resolution:g} deg / {m.mesh_splits} splits, "
                     f"{m.processor_steps} x {m.latent_size}")
 
-        return {"scale": self.name, "compiled": model(self.compiled), "live": model(self.live),
+        where = self.device_class.card or "the cpu class"
+        return {"scale": self.name,
+                "usable": f"{_format(self.device_class.usable_bytes)} ({where})",
+                "compiled": model(self.compiled), "live": model(self.live),
                 "geometries": ", ".join(f"{r:g} deg/{s}" for r, s in self.geometries),
                 "timed repeats": str(self.timed_repeats)}
 
+    @property
+    def device_class(self) -> devices.DeviceClass:
+        """The device class this scale is made for."""
+        return devices.DEVICE_CLASSES[self.name]
 
-def _scale(name: str, compiled: tuple, live: tuple, geometries: tuple,
+
+def _format(n: int) -> str:
+    from gclab.limits import format_bytes
+
+    return format_bytes(n)
+
+
+def _scale(name: str, family: str, compiled: tuple, live: tuple, geometries: tuple,
            timed_repeats: int) -> Scale:
     def model(res: float, splits: int, steps: int, latent: int) -> ModelConfig:
         return ModelConfig(resolution=res, mesh_splits=splits, processor_steps=steps,
                            latent_size=latent)
 
-    return Scale(name, model(*compiled), model(*live), geometries, timed_repeats)
+    return Scale(name, family, model(*compiled), model(*live), geometries, timed_repeats)
 
 
+_GPU_GEOMETRIES = ((4.0, 3), (2.0, 4), (1.0, 5))
+_BIG_GEOMETRIES = _GPU_GEOMETRIES + ((0.25, 6),)
 # (resolution, splits, steps, latent) of the compiled and live models; sweep geometries.
+# Every live configuration fits its class's usable memory with the margin
+# (tests/test_device_classes.py compiles them on XLA:CPU).
 SCALE_TABLE = {
     # 2 cores: each chapter within about 3 minutes.
-    "cpu": _scale("cpu", (4.0, 3, 8, 128), (4.0, 3, 4, 32), ((4.0, 3), (2.0, 4)), 1),
-    # Colab T4 / L4: compiled figures of GraphCast_small's sizes, mid-size live runs.
-    "gpu": _scale("gpu", (1.0, 5, 16, 512), (2.0, 4, 16, 256),
-                  ((4.0, 3), (2.0, 4), (1.0, 5)), 3),
+    "cpu": _scale("cpu", "cpu", (4.0, 3, 8, 128), (4.0, 3, 4, 32), ((4.0, 3), (2.0, 4)), 1),
+    # T4: compiled figures of GraphCast_small's sizes, mid-size live runs.
+    "16GB": _scale("16GB", "gpu", (1.0, 5, 16, 512), (2.0, 4, 16, 256), _GPU_GEOMETRIES, 3),
+    # L4, A10G: a wider live network.
+    "24GB": _scale("24GB", "gpu", (1.0, 5, 16, 512), (2.0, 4, 16, 512), _GPU_GEOMETRIES, 3),
+    # A100-40GB.
+    "40GB": _scale("40GB", "gpu", (1.0, 5, 16, 512), (2.0, 4, 16, 512), _GPU_GEOMETRIES, 3),
     # 80 GB-class: the published model compiled, GraphCast_small run for real.
-    "big": _scale("big", (0.25, 6, 16, 512), (1.0, 5, 16, 512),
-                  ((4.0, 3), (2.0, 4), (1.0, 5), (0.25, 6)), 5),
+    "80GB": _scale("80GB", "big", (0.25, 6, 16, 512), (1.0, 5, 16, 512), _BIG_GEOMETRIES, 5),
+    # H200 and larger.
+    "141GB": _scale("141GB", "big", (0.25, 6, 16, 512), (1.0, 5, 16, 512), _BIG_GEOMETRIES,
+                    5),
 }
 
 
@@ -165,45 +202,59 @@ def print_hardware() -> HardwareReport:
     return report
 
 
-def choose_scale() -> Scale:
-    """The `Scale` of this machine: `GCLAB_SCALE` if set, else from the hardware.
-
-    CPU backends get ``cpu``; accelerators with at least `BIG_CARD_BYTES` of memory get
-    ``big``, smaller ones ``gpu``.
+def scale_named(name: str) -> Scale:
+    """The `Scale` called `name` (a class name or an alias, case-insensitive).
 
     Raises:
-      ValueError: `GCLAB_SCALE` set to anything but ``cpu``, ``gpu`` or ``big``.
+      SettingError: an unknown name; one line listing the allowed ones.
     """
-    forced = os.environ.get("GCLAB_SCALE", "").strip().lower()
+    text = str(name).strip()
+    for key in SCALES:
+        if text.lower() == key.lower():
+            return SCALE_TABLE[key]
+    if text.lower() in SCALE_ALIASES:
+        return SCALE_TABLE[SCALE_ALIASES[text.lower()]]
+    raise SettingError(f"{SCALE_ENV}={text!r} is invalid: one of "
+                       + ", ".join((*SCALES, *SCALE_ALIASES)))
+
+
+def scale_for(usable: Optional[int]) -> Scale:
+    """The scale of a device with `usable` bytes (None: a CPU)."""
+    return SCALE_TABLE[devices.device_class_of(usable).name]
+
+
+def choose_scale() -> Scale:
+    """The `Scale` of this machine: `GCLAB_SCALE` if set, else from the usable memory.
+
+    CPU backends get ``cpu``; accelerators get the largest device class whose usable
+    memory they reach (`gclab.devices.device_class_of`).
+
+    Raises:
+      SettingError: `GCLAB_SCALE` set to anything but a scale name or alias.
+    """
+    forced = os.environ.get(SCALE_ENV, "").strip()
     if forced:
-        if forced not in SCALES:
-            raise ValueError(f"GCLAB_SCALE={os.environ['GCLAB_SCALE']!r} is invalid: one of "
-                             + ", ".join(SCALES))
-        return SCALE_TABLE[forced]
+        return scale_named(forced)
     import jax
 
     if jax.default_backend() == "cpu":
         return SCALE_TABLE["cpu"]
-    memory = _device_memory(jax.devices()[0]) or 0
-    return SCALE_TABLE["big" if memory >= BIG_CARD_BYTES else "gpu"]
+    return scale_for(devices.usable_bytes(jax.devices()[0]))
+
+
+def scale_banner(scale: Scale) -> str:
+    """The line every chapter prints: its scale, the sizes, and how to change it."""
+    return (f"This chapter runs at scale {scale} (set {SCALE_ENV}="
+            + "|".join(SCALES) + " to change it).")
 
 
 def recorded(name: str, data_dir: Optional[Path] = None) -> Optional[dict]:
-    """The recorded measurement `book/data/<name>.json`, or None if there is none.
+    """The recording `name` (`gclab.recordings.recorded`), or None if there is none.
 
     Raises:
       ValueError: the file exists but is not valid JSON or names no hardware and date.
     """
-    path = Path(data_dir or DATA_DIR) / f"{name}.json"
-    if not path.is_file():
-        return None
-    try:
-        record = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: not valid JSON ({e})") from None
-    if not isinstance(record, dict) or "hardware" not in record or "date" not in record:
-        raise ValueError(f"{path}: a recording must name its 'hardware' and 'date'")
-    return record
+    return _read_recording(name, data_dir)
 
 
 def glue(name: str, value):
@@ -224,3 +275,200 @@ def glue(name: str, value):
     if myst_glue is not None:
         myst_glue(name, value, display=False)
     return value
+
+
+# ------------------------------------------------------------------ guarded live runs
+
+
+@dataclasses.dataclass(frozen=True)
+class LiveConfig:
+    """One configuration a chapter runs on the device.
+
+    Attributes:
+      chapter: ``01`` .. ``07``.
+      label: the name the chapter shows.
+      spec: the training step (a forward pass or gradient is bounded by it).
+      guarded: True when the chapter runs it through `run_if_fits` (it may not fit and is
+        then shown as a plan); False when the chapter runs it unconditionally, so it must
+        fit every card of the scale's class.
+    """
+
+    chapter: str
+    label: str
+    spec: Any
+    guarded: bool = False
+
+
+def live_configs(chapter: str, scale: Scale) -> list[LiveConfig]:
+    """The configurations chapter `chapter` runs on the device at `scale`.
+
+    Args:
+      chapter: ``01``, ``03``, ``05``, ``06`` or ``07`` (chapters 02 and 04 compile from
+        shapes and run only one processor step's arrays).
+      scale: a `Scale`.
+
+    Raises:
+      ValueError: an unknown chapter.
+    """
+    from gclab.config import get_preset
+    from gclab.geometry import graphs_for
+    from gclab.memory import MemoryConfig, get_recipe, parse_remat_spec, scaled_edge_block
+    from gclab.sizing import StepSpec
+    from gclab.sizing.sweep import grid
+
+    task = TaskConfig.from_levels(13)
+    chapter = str(chapter).zfill(2)
+    if chapter == "01":
+        return [LiveConfig("01", "forward pass", StepSpec(scale.live, task))]
+    if chapter == "03":
+        block = scaled_edge_block(graphs_for(scale.compiled).mesh2grid.num_edges)
+        recipes = {
+            "none": MemoryConfig(),
+            "step": MemoryConfig(**parse_remat_spec("step")),
+            "+ edge blocks (deepmind)": get_recipe("deepmind").replace(edge_block_size=block),
+            "lean": get_recipe("lean").replace(edge_block_size=block),
+        }
+        out = [LiveConfig("03", label, StepSpec(scale.compiled, task, memory), guarded=True)
+               for label, memory in recipes.items()]
+        return out + [LiveConfig("03", "gradients of the live model",
+                                 StepSpec(scale.live, task))]
+    if chapter == "05":
+        network = get_preset("cpu-4x32")
+        return [LiveConfig("05", f"{network.name} {p}", StepSpec(
+            network.model, network.task, MemoryConfig(precision=p))) for p in ("f32", "bf16")]
+    if chapter == "06":
+        base = get_preset("cpu-4x32")
+        steps = [4, 16] if scale == "cpu" else [4, 8, 12, 16]
+        latents = [32, 128, 512] if scale == "cpu" else [32, 64, 128, 256, 512]
+        return [LiveConfig("06", f"{s.model.processor_steps} x {s.model.latent_size}", s)
+                for s in grid(base.model, latents, steps, base.task)]
+    if chapter == "07":
+        if scale != "big":
+            return []
+        full = get_preset("graphcast")
+        return [LiveConfig("07", "graphcast lean bf16",
+                           StepSpec(full.model, full.task, get_recipe("lean", "bf16")))]
+    if chapter in ("02", "04"):
+        return []
+    raise ValueError(f"chapter={chapter!r} is invalid: one of 01 to 07")
+
+
+@dataclasses.dataclass(frozen=True)
+class GuardedRun:
+    """A configuration compiled from shapes, and run only if its plan fits.
+
+    Attributes:
+      label: the name shown.
+      plan_bytes: XLA's compiled total (arguments + outputs + temp - aliased).
+      temp_bytes: XLA's compiled temp.
+      usable_bytes: the usable memory it was checked against.
+      fits: whether `plan_bytes` <= `gclab.devices.FIT_MARGIN` x `usable_bytes`.
+      step: the `gclab.sizing.CompiledStep`; its `run` is None when it does not fit.
+      measured_peak_bytes: on a GPU, when asked for, the device's peak in a fresh process
+        (`peak_bytes_in_use`); None otherwise.
+    """
+
+    label: str
+    plan_bytes: int
+    temp_bytes: int
+    usable_bytes: int
+    fits: bool
+    step: Any = None
+    measured_peak_bytes: Optional[int] = None
+
+    @property
+    def ran(self) -> bool:
+        """Whether the step can be (and was prepared to be) run on the device."""
+        return self.step is not None and self.step.run is not None
+
+    @property
+    def measured_over_plan(self) -> Optional[float]:
+        """Measured peak / planned total, where measured."""
+        if self.measured_peak_bytes is None or not self.plan_bytes:
+            return None
+        return self.measured_peak_bytes / self.plan_bytes
+
+    def status(self) -> str:
+        """``runs (plan X)`` or ``needs X, does not fit this card (usable Y)``."""
+        if self.fits:
+            return f"runs (plan {_format(self.plan_bytes)})"
+        return (f"needs {_format(self.plan_bytes)}, does not fit this card (usable "
+                f"{_format(self.usable_bytes)}, plans up to "
+                f"{devices.FIT_MARGIN:.0%} of it)")
+
+
+def usable_here() -> int:
+    """Usable memory of this machine's first device; on CPU, the ``cpu`` class's."""
+    usable = devices.usable_bytes()
+    return usable if usable is not None else devices.CPU_USABLE_BYTES
+
+
+def run_if_fits(spec, label: str = "", *, graphs=None, usable: Optional[int] = None,
+                timeline: bool = False, measure: bool = False) -> GuardedRun:
+    """Compiles one training step and prepares it to run only if its plan fits.
+
+    Nothing is allocated for a step whose plan does not fit; it comes back with
+    ``fits=False`` and its plan, for the chapter's table or graph.
+
+    Args:
+      spec: a `gclab.sizing.StepSpec`.
+      label: the name shown (default: the spec's technique).
+      graphs: the model's graphs (built or loaded from the cache if None).
+      usable: usable bytes to check against (default: `usable_here()`).
+      timeline: also read the memory timeline.
+      measure: on a GPU, also measure the peak in a fresh process (`measure_peak`).
+    """
+    from gclab.sizing import compile_train_step
+
+    usable = usable_here() if usable is None else int(usable)
+    step = compile_train_step(spec, graphs, timeline=timeline, live=True,
+                              run_if=lambda m: devices.fits(m.total_bytes, usable))
+    fits = devices.fits(step.memory.total_bytes, usable)
+    measured = measured_peak(spec) if measure and fits else None
+    return GuardedRun(label or spec.technique(), int(step.memory.total_bytes),
+                      int(step.memory.temp_bytes), usable, fits, step, measured)
+
+
+def measured_peak(spec, repeats: int = 2) -> Optional[int]:
+    """On a GPU, the device's peak bytes of `spec`'s training step in a fresh process.
+
+    Returns None on a CPU (the device reports no allocator) or if the run failed.
+    """
+    import jax
+
+    from gclab.measure import measure_peak
+
+    if jax.default_backend() == "cpu":
+        return None
+    r = measure_peak("gclab.sizing.sweep:timed_steps",
+                     {"spec_json": spec.to_json(), "steps": repeats})
+    return r.peak_bytes if r.ok else None
+
+
+#: Recording of each chapter made by ``benchmarks/record_gpu.py`` (``gpu-<scale>-<part>``).
+GPU_RECORDING_PARTS = {"01": "chapters-01-05-07", "03": "chapter-03", "05": "chapters-01-05-07",
+                       "06": "chapter-06", "07": "chapters-01-05-07"}
+
+
+def gpu_recording(chapter: str, scale: Scale, data_dir: Optional[Path] = None):
+    """A chapter's GPU recording at `scale` as a table, or None where none was recorded.
+
+    Returns:
+      `(title, DataFrame)`: the title names the device, date, jax version and commit; the
+      rows give each configuration's plan, measured peak, their ratio and step time.
+    """
+    import pandas as pd
+
+    part = GPU_RECORDING_PARTS.get(str(chapter).zfill(2))
+    record = recorded(f"gpu-{scale.name}-{part}", data_dir) if part else None
+    if record is None:
+        return None
+    hw = record["hardware"]
+    rows = [{"configuration": r["label"], "plan": _format(r["plan_bytes"]),
+             "measured peak": _format(r.get("peak_bytes")),
+             "measured / plan": r.get("measured_over_plan"),
+             "step seconds": r.get("step_seconds"), "on the card": r["status"]}
+            for r in record["rows"] if r["chapter"] == str(chapter).zfill(2)]
+    title = (f"recorded on {hw['device']} ({hw.get('backend')}), {record['date']}, jax "
+             f"{hw.get('jax')}, gclab commit {str(hw.get('commit'))[:12]}")
+    return title, pd.DataFrame(rows)

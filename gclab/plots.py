@@ -19,6 +19,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, MaxNLocator
 
+from gclab import devices
 from gclab.geometry.graphs import Graphs
 from gclab.geometry.grid_mesh import xyz_to_lat_lon
 from gclab.geometry.icosahedral import Multimesh
@@ -28,12 +29,14 @@ from gclab.measure.timeline import BACKWARD_PREFIX
 
 __all__ = [
     "CARD_GB",
+    "FIT_CARDS",
     "STAGE_COLORS",
     "STYLE",
     "bytes_axis",
     "orthographic",
     "plot_graph_neighbourhood",
     "plot_fit_chart",
+    "plan_limits_gb",
     "plot_heatmap",
     "plot_multimesh",
     "plot_residuals",
@@ -69,8 +72,23 @@ STAGE_COLORS: dict[str, str] = {
     "other": "#8c564b",
 }
 
-#: Memory of common accelerator cards, in GB (10^9 bytes, as `gclab.sizing.planner.CARDS` counts).
+#: Printed memory of the cards of the 16, 24, 40 and 80 GB classes (`gclab.devices.CARDS`).
 CARD_GB: tuple[int, ...] = (16, 24, 40, 80)
+#: The cards the fit charts draw, one per GPU device class up to 80 GB.
+FIT_CARDS: tuple[str, ...] = ("T4", "L4", "A100-40GB", "H100")
+
+
+def plan_limits_gb(names: Sequence[str] = FIT_CARDS) -> dict[str, float]:
+    """``{label: GB}`` of what a compiled plan may take on each card, for `plot_fit_chart`.
+
+    The one rule of `gclab.devices`: `FIT_MARGIN` of the card's usable memory (JAX's pool,
+    0.75 of the card by default), not the printed size.
+    """
+    out = {}
+    for name in names:
+        gb = devices.FIT_MARGIN * devices.card_usable_bytes(name) / 1e9
+        out[f"{name}: {gb:.1f} GB"] = gb
+    return out
 
 _STEP_RE = re.compile(r" step (\d+)$")
 
@@ -408,12 +426,12 @@ def plot_fit_chart(
     value: str = "total_bytes",
     title: str = "Does it fit?",
 ) -> Figure:
-    """Bars of memory per configuration with horizontal lines at card sizes.
+    """Bars of memory per configuration with horizontal lines at card limits.
 
     Args:
       df: one row per configuration with columns `label` and `value` (bytes).
-      cards: card sizes in GB of 10^9 bytes (sequence), or ``{name: GB}``, as the
-        planner's `CARDS` counts them.
+      cards: limits in GB of 10^9 bytes (sequence), or ``{name: GB}``; the book passes
+        `plan_limits_gb()`, what a plan may take on each card.
       label: configuration-name column.
       value: bytes column.
       title: axes title.

@@ -133,7 +133,7 @@ SENSELESS = [
     (["plan", *TINY, "--budget", "=-1GB"], ["--budget =-1GB"]),
     (["plan", *TINY, "--budget=-1GB"], ["--budget -1GB"]),
     (["plan", *TINY, "--budget", "-1GB"], ["--budget", "--budget=VALUE"]),
-    (["plan", *TINY, "--budget", "H200"], ["--budget H200", "A100-80GB"]),
+    (["plan", *TINY, "--budget", "T5"], ["--budget T5", "A100-80GB"]),
     (["plan", *TINY, "--budget", "8GiB", "--batch", "-2"], ["--batch -2"]),
     (["plan", *TINY, "--budget", "8GiB", "--rollout", "-2"], ["--rollout -2"]),
     (["plan", *TINY, "--budget", "8GiB", "--compiled", "maybe"], ["--compiled maybe"]),

@@ -70,6 +70,20 @@ def test_colab_cell_installs_from_the_configured_repository(name):
     assert "--no-deps" in installs[0]
 
 
+@pytest.mark.parametrize("name", CHAPTERS)
+def test_first_cell_sets_allocation_installs_the_book_tag_and_checks_jax(name):
+    from gclab.versions import book_ref
+
+    setup = next(src for kind, src, _ in _cells(name) if kind == "code")
+    preallocate = 'os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")'
+    assert preallocate in setup
+    assert setup.index(preallocate) < setup.index("import jax")
+    assert "import gclab" not in setup[:setup.index(preallocate)]
+    assert re.findall(r'GCLAB_REF = "([^"]+)"', setup) == [book_ref()]
+    assert "gclab.git@{GCLAB_REF}" in setup
+    assert setup.index("check_jax()") < setup.index("import jax")
+
+
 # ----------------------------------------------------------------- numbers in the prose
 
 # Literal constants a chapter may type: small counts, the model's and the task's defining

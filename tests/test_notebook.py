@@ -39,12 +39,51 @@ def test_scale_can_be_forced(monkeypatch, value):
 
 def test_bad_scale_is_a_clear_error(monkeypatch):
     monkeypatch.setenv("GCLAB_SCALE", "huge")
-    with pytest.raises(ValueError, match="GCLAB_SCALE='huge' is invalid: one of cpu, gpu, big"):
+    with pytest.raises(ValueError, match="GCLAB_SCALE='huge' is invalid: one of cpu, 16GB, "
+                                         "24GB, 40GB, 80GB, 141GB, gpu, big") as err:
         choose_scale()
+    # In a notebook, IPython shows this one line instead of a traceback.
+    assert err.value._render_traceback_() == [f"SettingError: {err.value}"]
+
+
+@pytest.mark.parametrize("alias, name", [("gpu", "16GB"), ("BIG", "80GB"), ("80gb", "80GB")])
+def test_scale_aliases_name_the_smallest_class_of_each_family(monkeypatch, alias, name):
+    monkeypatch.setenv("GCLAB_SCALE", alias)
+    scale = choose_scale()
+    assert scale.name == name and repr(scale) == repr(name)
+
+
+def test_scale_follows_usable_memory_not_the_printed_size():
+    from gclab.devices import card_usable_bytes
+    from gclab.notebook import scale_for
+
+    assert scale_for(None) == "cpu"
+    # JAX's pool on an 80 GB card is 0.75 of it: 60 GB is still the 80 GB class.
+    assert scale_for(card_usable_bytes("H100")).name == "80GB"
+    assert scale_for(card_usable_bytes("A100-80GB")) == "big"
+    assert scale_for(card_usable_bytes("A100-40GB")).name == "40GB"
+    assert scale_for(card_usable_bytes("L4")).name == "24GB"
+    assert scale_for(card_usable_bytes("A10G")).name == "24GB"
+    assert scale_for(card_usable_bytes("T4")).name == "16GB"
+    assert scale_for(card_usable_bytes("H200")).name == "141GB"
+    # A T4 whose driver reports a little less than 16 GB stays in its class.
+    assert scale_for(int(0.97 * card_usable_bytes("T4"))).name == "16GB"
+    assert scale_for(int(0.97 * card_usable_bytes("H100"))).name == "80GB"
+
+
+def test_every_chapter_prints_its_scale_with_the_allowed_values():
+    from gclab.notebook import scale_banner
+
+    line = scale_banner(SCALE_TABLE["24GB"])
+    assert line.startswith("This chapter runs at scale 24GB: usable ")
+    assert "GCLAB_SCALE=cpu|16GB|24GB|40GB|80GB|141GB" in line
 
 
 def test_recorded_reads_json_with_hardware_and_date(tmp_path):
     assert recorded("absent", tmp_path) is None
+    packaged = recorded("memory-cpu", tmp_path)  # not in tmp_path: the package's copy
+    assert packaged["source"] == "gclab/recordings/memory-cpu.json"
+    assert packaged["hardware"]["backend"] == "cpu" and packaged["date"].startswith("20")
     (tmp_path / "good.json").write_text(json.dumps({"hardware": "H100", "date": "2026-11-23",
                                                     "temp_bytes": 5}))
     assert recorded("good", tmp_path)["temp_bytes"] == 5
@@ -69,7 +108,9 @@ def test_scale_is_a_frozen_config_that_compares_with_its_name(monkeypatch):
 
 
 def test_scales_grow_from_cpu_to_big():
-    cpu, gpu, big = (SCALE_TABLE[name] for name in SCALES)
+    cpu, gpu, big = (SCALE_TABLE[name] for name in ("cpu", "16GB", "80GB"))
+    assert [SCALE_TABLE[n].device_class.usable_bytes for n in SCALES[1:]] == sorted(
+        SCALE_TABLE[n].device_class.usable_bytes for n in SCALES[1:])
     nodes = [s.compiled.num_grid_nodes for s in (cpu, gpu, big)]
     assert nodes == sorted(nodes) and nodes[0] < nodes[-1]
     assert (big.compiled.resolution, big.compiled.mesh_splits) == (0.25, 6)
@@ -90,3 +131,25 @@ def test_glue_pastes_numpy_scalars_as_python_numbers(monkeypatch):
     assert type(pasted["ratio"][0]) is float and pasted["ratio"][1] is False
     assert type(notebook.glue("count", np.int64(3))) is int
     assert notebook.glue("label", "1.5 GiB") == "1.5 GiB"
+
+
+def test_gpu_recordings_are_shown_with_hardware_date_and_ratio(tmp_path):
+    from gclab.notebook import gpu_recording
+
+    scale = SCALE_TABLE["80GB"]
+    assert gpu_recording("03", scale, tmp_path) is None
+    record = {"hardware": {"device": "NVIDIA H100 80GB HBM3", "backend": "gpu", "jax": "0.10.2",
+                           "commit": "0123456789abcdef"},
+              "date": "2026-11-24T01:00:00+00:00", "part": "chapter-03", "scale": "80GB",
+              "rows": [{"chapter": "03", "label": "lean", "plan_bytes": 10 * 2**30,
+                        "peak_bytes": 11 * 2**30, "measured_over_plan": 1.1,
+                        "step_seconds": 2.5, "status": "runs (plan 10.00 GiB)"},
+                       {"chapter": "03", "label": "none", "plan_bytes": 300 * 2**30,
+                        "status": "needs 300.00 GiB, does not fit this card"}]}
+    (tmp_path / "gpu-80GB-chapter-03.json").write_text(json.dumps(record))
+    title, table = gpu_recording("03", scale, tmp_path)
+    assert title.startswith("recorded on NVIDIA H100 80GB HBM3 (gpu), 2026-11-24")
+    assert "commit 0123456789ab" in title
+    assert list(table["configuration"]) == ["lean", "none"]
+    assert table["measured peak"][0] == "11.00 GiB" and table["measured / plan"][0] == 1.1
+    assert table["measured peak"][1] == "n/a" and "does not fit" in table["on the card"][1]

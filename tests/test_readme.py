@@ -42,7 +42,7 @@ def test_layout_table_names_every_subpackage():
     readme = (ROOT / "README.md").read_text()
     layout = readme[readme.index("## Layout"):]
     packages = sorted(p.parent.name for p in (ROOT / "gclab").glob("*/__init__.py"))
-    assert packages == ["geometry", "measure", "memory", "model", "parallel", "sizing",
-                        "training"]
+    assert packages == ["geometry", "measure", "memory", "model", "parallel", "recordings",
+                        "sizing", "training"]
     for name in packages:
         assert f"`gclab/{name}/`" in layout, name

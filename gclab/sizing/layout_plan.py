@@ -2,7 +2,8 @@
 
 `plan_layout(budget, model, task, devices)` compiles one training step (shapes only) for
 every data x spatial layout of `devices` devices (`gclab.parallel.layouts`) and every
-named recipe, keeps those whose per-device compiled total fits the usable budget, and
+named recipe, keeps those whose per-device compiled total fits the usable budget
+(`gclab.devices.fits`: a card stands for JAX's pool on it, as everywhere in gclab), and
 picks the one with the least predicted step time:
 
     time = (3 + r) x F / (D x flops_per_s)  +  C / link_bytes_per_s
@@ -26,17 +27,14 @@ import dataclasses
 from typing import Any, Optional, Union
 
 from gclab.config import ModelConfig, TaskConfig
+from gclab.devices import CARDS, FIT_MARGIN, fits
 from gclab.geometry.graphs import graphs_for
 from gclab.measure.compiled import format_bytes
 from gclab.memory.config import RECIPES, get_recipe
 from gclab.parallel.config import layouts
 from gclab.sizing import analytical
-from gclab.sizing.planner import CARDS, NothingFits, parse_budget
+from gclab.sizing.planner import NothingFits, parse_budget
 from gclab.sizing.step import StepSpec, compile_train_step
-
-#: Share of a card's memory a step may plan to use (JAX's default allocator pool).
-USABLE_FRACTION = 0.75
-
 
 @dataclasses.dataclass(frozen=True)
 class CardSpeed:
@@ -62,6 +60,7 @@ CARD_SPEEDS = {
     "A100-40GB": CardSpeed(156 * T, 312 * T, 300 * G),
     "A100-80GB": CardSpeed(156 * T, 312 * T, 300 * G),
     "H100": CardSpeed(495 * T, 990 * T, 450 * G),
+    "H200": CardSpeed(495 * T, 990 * T, 450 * G),
 }
 REFERENCE_CARD = "H100"
 
@@ -75,8 +74,8 @@ class LayoutPlan:
       recipe: the recipe's name.
       per_device_bytes: its compiled total per device (arguments + outputs + temp).
       predicted_seconds: its predicted step time (a ranking, see the module docstring).
-      budget_bytes: the card's (or budget's) memory.
-      usable_bytes: `USABLE_FRACTION` of it.
+      usable_bytes: usable memory per device (`gclab.sizing.planner.parse_budget`); a
+        candidate fits when its plan is at most `gclab.devices.FIT_MARGIN` of it.
       speeds_of: the card whose speeds ranked the candidates.
       candidates: one dict per layout x recipe (layout, recipe, per-device bytes,
         collective bytes, predicted seconds, fits, or why it was skipped).
@@ -85,7 +84,6 @@ class LayoutPlan:
     recipe: str
     per_device_bytes: int
     predicted_seconds: float
-    budget_bytes: int
     usable_bytes: int
     speeds_of: str
     candidates: list
@@ -95,14 +93,13 @@ class LayoutPlan:
                 "recipe": self.recipe, "precision": self.spec.memory.precision,
                 "batch": self.spec.batch, "per_device_bytes": self.per_device_bytes,
                 "predicted_seconds": self.predicted_seconds,
-                "budget_bytes": self.budget_bytes, "usable_bytes": self.usable_bytes,
+                "usable_bytes": self.usable_bytes, "fit_margin": FIT_MARGIN,
                 "speeds_of": self.speeds_of, "candidates": self.candidates}
 
     def explain(self) -> str:
         s = self.spec
-        lines = [f"Budget {format_bytes(self.budget_bytes)} per device (usable "
-                 f"{format_bytes(self.usable_bytes)}), {s.parallel.devices} devices, "
-                 f"{s.title()}.",
+        lines = [f"Usable {format_bytes(self.usable_bytes)} per device (a plan fits within "
+                 f"{FIT_MARGIN:.0%} of it), {s.parallel.devices} devices, {s.title()}.",
                  f"Chosen: layout {s.parallel.spec}, recipe {self.recipe} "
                  f"({s.memory.precision}): {format_bytes(self.per_device_bytes)} per device "
                  f"(compiled), predicted {self.predicted_seconds * 1e3:.3g} ms per step with "
@@ -145,7 +142,8 @@ def plan_layout(budget: Union[int, float, str], model: ModelConfig, task: TaskCo
     """The layout and recipe of least predicted step time whose compiled plan fits.
 
     Args:
-      budget: memory per device: bytes, a string such as '80GB', or a card of `CARDS`.
+      budget: usable memory per device: bytes, a string such as '60GB', or a card of
+        `gclab.devices.CARDS` (its usable memory).
       model, task: the model.
       devices: the number of devices (simulated CPU devices on a CPU: the process must
         offer at least this many, see `gclab.parallel.use_cpu_devices`).
@@ -158,8 +156,7 @@ def plan_layout(budget: Union[int, float, str], model: ModelConfig, task: TaskCo
       ValueError: a bad budget or device count.
       NothingFits: no layout and recipe fits (the message lists the smallest).
     """
-    total = parse_budget(budget)
-    usable = int(USABLE_FRACTION * total)
+    usable = parse_budget(budget)
     card = card_name(budget)
     speeds_of = card if card in CARD_SPEEDS else REFERENCE_CARD
     speed = CARD_SPEEDS[speeds_of]
@@ -181,18 +178,19 @@ def plan_layout(budget: Union[int, float, str], model: ModelConfig, task: TaskCo
             need = step.memory.total_bytes
             coll = int(step.memory.collective_bytes)
             seconds = predicted_seconds(spec, coll, speed)
-            fits = need <= usable
+            ok = fits(need, usable)
             candidates.append({**row, "per_device_bytes": need, "collective_bytes": coll,
-                               "predicted_seconds": seconds, "fits": fits})
-            if fits and (best is None or seconds < best[2]):
+                               "predicted_seconds": seconds, "fits": ok})
+            if ok and (best is None or seconds < best[2]):
                 best = (spec, recipe, seconds, need)
     if best is None:
         sized = [c for c in candidates if not c.get("skipped")]
         if not sized:
             raise NothingFits(f"no layout of {devices} devices divides batch {batch}")
         least = min(sized, key=lambda c: c["per_device_bytes"])
-        raise NothingFits(f"nothing fits {format_bytes(usable)} per device: the smallest is "
+        raise NothingFits(f"nothing fits {FIT_MARGIN:.0%} of {format_bytes(usable)} usable per "
+                          f"device: the smallest is "
                           f"{least['parallel']} with {least['recipe']}, "
                           f"{format_bytes(least['per_device_bytes'])} per device")
     spec, recipe, seconds, need = best
-    return LayoutPlan(spec, recipe, need, seconds, total, usable, speeds_of, candidates)
+    return LayoutPlan(spec, recipe, need, seconds, usable, speeds_of, candidates)

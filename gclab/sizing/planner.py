@@ -28,22 +28,19 @@ import pandas as pd
 from scipy.optimize import Bounds, LinearConstraint, milp
 
 from gclab.config import ModelConfig, TaskConfig, is_number
+from gclab.devices import CARDS, FIT_MARGIN, card_usable_bytes
 from gclab.measure.compiled import format_bytes
 from gclab.memory.config import PRECISIONS, RECIPES, MemoryConfig
 from gclab.sizing import analytical
 from gclab.sizing.step import StepSpec, train_step_memory
 
-GB = 10**9
-#: Memory of common cards, in bytes (10**9 bytes per GB, as the vendors count).
-CARDS = {"T4": 16 * GB, "L4": 24 * GB, "A100-40GB": 40 * GB, "A100-80GB": 80 * GB,
-         "H100": 80 * GB}
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
           "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
 #: Largest budget accepted: 1 PiB, over ten thousand times the largest card in `CARDS`.
 MAX_BUDGET = 2**50
 BUDGET_HELP = ("a number of bytes (e.g. 1000000), a number with a unit (B, KB, MB, GB, TB "
                "for powers of 1000; KiB, MiB, GiB, TiB for powers of 1024; e.g. '16GiB', "
-               "'12GB', '500MiB'), or a card: " + ", ".join(CARDS)
+               "'12GB', '500MiB'), or a card (its usable memory): " + ", ".join(CARDS)
                + "; from 1 B to 1 PiB")
 #: Auto mode compiles only grids up to this many nodes (2 deg: 16,380; 1 deg takes tens
 #: of seconds per compile, 0.25 deg minutes).
@@ -57,7 +54,10 @@ class NothingFits(ValueError):
 
 
 def parse_budget(budget: Union[int, float, str]) -> int:
-    """Bytes of a budget: a number, a string with a unit, or a card name.
+    """Usable bytes of a budget: a number, a string with a unit, or a card name.
+
+    A card name gives the card's usable memory (`gclab.devices.card_usable_bytes`: JAX's
+    pool, 0.75 of the card unless ``XLA_PYTHON_CLIENT_MEM_FRACTION`` says otherwise).
 
     Raises:
       ValueError: an unknown card, unit or malformed string (names the accepted forms).
@@ -67,9 +67,9 @@ def parse_budget(budget: Union[int, float, str]) -> int:
         value = float(budget)
     elif isinstance(budget, str):
         text = budget.strip()
-        for name, size in CARDS.items():
+        for name in CARDS:
             if text.lower() == name.lower():
-                return size
+                return card_usable_bytes(name)
         m = re.fullmatch(r"(\d+(?:\.\d*)?|\.\d+)(?:[eE](\d+))?\s*([A-Za-z]*)", text)
         if m and m.group(3).upper() in _UNITS:
             value = float(m.group(1) + (f"e{m.group(2)}" if m.group(2) else ""))
@@ -89,8 +89,9 @@ class Plan:
       predicted_peak_bytes: its peak (compiled total, or the modelled total).
       source: `compiled` or `modelled`.
       recompute_fraction: extra forward FLOPs over one forward pass.
-      budget_bytes: the budget.
-      usable_bytes: `headroom x budget`, what the peak must stay under.
+      budget_bytes: the budget: usable memory (for a card, JAX's pool on it).
+      usable_bytes: `headroom x budget` (`gclab.devices.FIT_MARGIN` by default), what the
+        peak must stay under.
       candidates: every candidate considered (label, modelled and compiled bytes, recompute,
         fits), cheapest recompute first.
       model: the model.
@@ -126,7 +127,7 @@ class Plan:
         """The choice in words."""
         m = self.model
         lines = [
-            f"Budget {format_bytes(self.budget_bytes)} (usable "
+            f"Usable memory {format_bytes(self.budget_bytes)} (a plan may take "
             f"{format_bytes(self.usable_bytes)}) for {m.resolution:g} deg / "
             f"{m.mesh_splits} splits, {m.processor_steps} x {m.latent_size}, "
             f"{self.task.num_levels} levels, batch {self.batch}, rollout {self.rollout}.",
@@ -142,7 +143,11 @@ class Plan:
         if len(cheaper):
             lines.append("Cheaper settings did not fit: " + ", ".join(
                 f"{r.label} ({format_bytes(r.peak_bytes)})" for r in cheaper.itertuples()) + ".")
-        if self.milp:
+        if self.milp.get("status") == "infeasible":
+            lines.append("No mix of checkpointed processor steps and edge blocks fits by the "
+                         "formula (the MILP is infeasible); the settings above come from the "
+                         "ladder.")
+        elif self.milp:
             lines.append(f"The MILP checkpoints {self.milp.get('steps', 0)} of "
                          f"{m.processor_steps} processor steps"
                          + (" with edge blocks" if self.milp.get("edge_blocks") else "")
@@ -238,11 +243,12 @@ def _compiled_total(model: ModelConfig, task: TaskConfig, mem: MemoryConfig, bat
 
 def plan(budget: Union[int, float, str], model: ModelConfig, task: TaskConfig, *,
          batch: int = 1, rollout: int = 1, precision: str = "f32",
-         use_compiled: Union[bool, str] = "auto", headroom: float = 0.9) -> Plan:
+         use_compiled: Union[bool, str] = "auto", headroom: float = FIT_MARGIN) -> Plan:
     """The memory techniques that fit `budget` with the least recomputation.
 
     Args:
-      budget: bytes, a string such as '16GiB' / '12GB' / '500MiB', or a card in `CARDS`.
+      budget: usable bytes, a string such as '16GiB' / '12GB' / '500MiB', or a card in
+        `CARDS` (its usable memory).
       model: geometry and network.
       task: channels.
       batch: B.
@@ -251,7 +257,7 @@ def plan(budget: Union[int, float, str], model: ModelConfig, task: TaskConfig, *
       use_compiled: True: verify with compiled figures (XLA on this machine); False: the
         analytical model only; `auto`: compiled where the grid has at most
         `AUTO_COMPILE_MAX_GRID_NODES` nodes.
-      headroom: the fraction of the budget a peak may use.
+      headroom: the fraction of the budget a peak may use (`gclab.devices.FIT_MARGIN`).
 
     Returns:
       A `Plan`.

@@ -238,7 +238,8 @@ def check_step_size(spec: StepSpec, graphs: Optional[Graphs] = None) -> None:
 
 def compile_train_step(spec: StepSpec, graphs: Optional[Graphs] = None, *,
                        timeline: bool = False, live: bool = False,
-                       seed: int = 0) -> CompiledStep:
+                       seed: int = 0,
+                       run_if: Optional[Callable[[StepMemory], bool]] = None) -> CompiledStep:
     """Compiles one training step of `spec` once, for any of memory, timeline and runs.
 
     Args:
@@ -248,6 +249,8 @@ def compile_train_step(spec: StepSpec, graphs: Optional[Graphs] = None, *,
       live: compile for real arrays (random state and batch, seeded by `seed`) and
         return a runnable step; the memory figures are the same as from shapes.
       seed: seed of the random state and batch when `live`.
+      run_if: with `live`, a test of the compiled memory: when it returns False, nothing
+        is allocated and the returned step has no `run` (a plan that does not fit).
 
     Returns:
       A `CompiledStep`.
@@ -283,7 +286,7 @@ def compile_train_step(spec: StepSpec, graphs: Optional[Graphs] = None, *,
     collectives = collective_bytes(compiled.as_text() if mesh is not None else "")
     memory = StepMemory(**dataclasses.asdict(m), num_params=param_count(spec.model, spec.task),
                         collective_bytes=collectives["total"])
-    if not live:
+    if not live or (run_if is not None and not run_if(memory)):
         return CompiledStep(spec, memory, lines, None, collectives)
     require_fits(f"running one training step of {spec.title()}", memory.total_bytes,
                  device_memory_bytes(), f"this {jax.default_backend()} device's memory")

@@ -1,0 +1,201 @@
+"""Records the book on the GPU it finds: each chapter's live configurations and the recipes.
+
+Every configuration is compiled from shapes first; one whose plan fits the card's usable
+memory (`gclab.devices`) runs in a fresh process that reads the device's peak
+(``peak_bytes_in_use``) and times real steps; one that does not fit is recorded with its
+plan and ``"fits": false``. The work is cut into parts that each finish within 10 minutes on
+an 80 GB card; each part writes one recording (hardware, date, jax version, gclab commit
+inside) into ``$GCLAB_RECORDINGS`` or ``./gclab-recordings``, which the chapters read
+(`gclab.notebook.recorded`).
+
+    python benchmarks/record_gpu.py --list              # the parts at this device's scale
+    python benchmarks/record_gpu.py --part 1            # one part (on a GPU)
+    python benchmarks/record_gpu.py --part 1 --dry-run  # what part 1 would run, no device work
+    GCLAB_SCALE=80GB python benchmarks/record_gpu.py --list  # the parts of another scale
+
+On a machine without a GPU it refuses to record (one line, exit status 2): CPU figures are
+recorded by `memory_recipes.py`.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+import argparse  # noqa: E402
+import dataclasses  # noqa: E402
+import datetime  # noqa: E402
+import json  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Callable, Optional  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclasses.dataclass(frozen=True)
+class Part:
+    """One part of the recording: a name and the configurations it runs."""
+
+    name: str
+    description: str
+    configs: Callable[[object], list]  # scale -> [LiveConfig]
+
+
+def _recipes(scale) -> list:
+    from gclab.config import get_preset
+    from gclab.memory import RECIPES, get_recipe
+    from gclab.notebook import LiveConfig
+    from gclab.sizing import StepSpec
+
+    preset = get_preset("graphcast" if scale == "big" else "graphcast-small")
+    return [LiveConfig("recipes", f"{preset.name} {name} {p}",
+                       StepSpec(preset.model, preset.task, get_recipe(name, p)), guarded=True)
+            for p in ("f32", "bf16") for name in RECIPES]
+
+
+def _chapter(*chapters: str) -> Callable[[object], list]:
+    def configs(scale) -> list:
+        from gclab.notebook import live_configs
+
+        return [c for ch in chapters for c in live_configs(ch, scale)]
+
+    return configs
+
+
+#: The parts, in order; each is sized to finish within 10 minutes on an 80 GB card.
+PARTS = (
+    Part("chapter-03", "chapter 3: the remat recipes of the compiled model, then the live "
+         "model", _chapter("03")),
+    Part("chapters-01-05-07", "chapters 1, 5 and 7: the live network, the precision "
+         "comparison, the 0.25 deg lean step", _chapter("01", "05", "07")),
+    Part("chapter-06", "chapter 6: the (steps, latent) grid at 4 deg", _chapter("06")),
+    Part("recipes", "the recipe benchmark: every recipe x precision at the scale's preset",
+         _recipes),
+)
+
+
+def fail(message: str) -> int:
+    print(f"record_gpu.py: error: {message}", file=sys.stderr)
+    return 2
+
+
+def commit() -> str:
+    """The gclab commit recorded (``unknown`` outside a git checkout)."""
+    try:
+        out = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], check=True,
+                             capture_output=True, text=True, timeout=10)
+        return out.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def hardware() -> dict:
+    import jax
+
+    from gclab.devices import usable_bytes
+
+    device = jax.devices()[0]
+    return {"backend": jax.default_backend(), "device": device.device_kind,
+            "device_count": jax.device_count(), "usable_bytes": usable_bytes(device),
+            "jax": jax.__version__, "commit": commit()}
+
+
+def record_part(part: Part, scale, dry_run: bool, repeats: int = 3) -> dict:
+    """Runs (or, dry, lists) one part; returns the recording."""
+    from gclab.notebook import run_if_fits, usable_here
+    from gclab.sizing import train_step_memory
+
+    usable = scale.device_class.usable_bytes if dry_run else usable_here()
+    rows = []
+    for config in part.configs(scale):
+        row = {"chapter": config.chapter, "label": config.label, "spec": config.spec.to_json(),
+               "guarded": config.guarded}
+        if dry_run:
+            print(f"  {config.chapter}  {config.label}: {config.spec.title()}")
+            rows.append(row)
+            continue
+        plan = train_step_memory(config.spec)
+        run = run_if_fits(config.spec, config.label, usable=usable, measure=False)
+        row.update(plan_bytes=plan.total_bytes, temp_bytes=plan.temp_bytes, fits=run.fits,
+                   status=run.status())
+        if run.fits:
+            from gclab.measure import measure_peak
+
+            r = measure_peak("gclab.sizing.sweep:timed_steps",
+                             {"spec_json": config.spec.to_json(), "steps": repeats})
+            row.update(measure_status=r.status, peak_bytes=r.peak_bytes,
+                       step_seconds=(r.result or {}).get("step_seconds"),
+                       measured_over_plan=(r.peak_bytes / plan.total_bytes
+                                           if r.peak_bytes else None))
+        print(f"  {config.label}: {row['status']}"
+              + (f", measured peak {row.get('peak_bytes')}" if run.fits else ""), flush=True)
+        rows.append(row)
+    return {"part": part.name, "scale": scale.name, "rows": rows}
+
+
+def main(argv: Optional[list] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--list", action="store_true", help="list the parts and exit")
+    parser.add_argument("--part", help=f"the part to record: 1 to {len(PARTS)}")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="list what the part would run; nothing runs on the device")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="folder of the recordings (default: $GCLAB_RECORDINGS or "
+                             "./gclab-recordings)")
+    args = parser.parse_args(argv)
+    part = None
+    if args.part is not None:
+        if not args.part.isdigit() or not 1 <= int(args.part) <= len(PARTS):
+            return fail(f"--part {args.part}: an integer from 1 to {len(PARTS)}")
+        part = PARTS[int(args.part) - 1]
+    elif not args.list:
+        return fail(f"give --list or --part N (N from 1 to {len(PARTS)})")
+
+    import jax
+
+    from gclab.notebook import SettingError, choose_scale
+
+    try:
+        scale = choose_scale()
+    except SettingError as e:
+        return fail(str(e))
+    on_gpu = jax.default_backend() != "cpu"
+    if scale == "cpu" and (args.list or args.dry_run):
+        scale = choose_scale() if os.environ.get("GCLAB_SCALE") else _scale("16GB")
+    if args.list:
+        print(f"Parts at scale {scale.name} (set GCLAB_SCALE to list another):")
+        for i, p in enumerate(PARTS, 1):
+            print(f"  {i}. {p.name}: {p.description} ({len(p.configs(scale))} configurations)")
+        return 0
+    if not on_gpu and not args.dry_run:
+        return fail(f"no GPU found (JAX backend {jax.default_backend()!r}): GPU recordings "
+                    "need one; use --list or --dry-run here")
+    if args.dry_run:
+        print(f"Part {args.part} ({part.name}) at scale {scale.name} would run:")
+        record_part(part, scale, dry_run=True)
+        return 0
+    from gclab.files import write_text_atomic
+    from gclab.recordings import output_dir
+
+    out = args.out or output_dir()
+    out.mkdir(parents=True, exist_ok=True)
+    record = {"hardware": hardware(),
+              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              **record_part(part, scale, dry_run=False)}
+    path = out / f"gpu-{scale.name}-{part.name}.json"
+    write_text_atomic(path, json.dumps(record, indent=1, default=str))
+    print(f"wrote {path}")
+    return 0
+
+
+def _scale(name: str):
+    from gclab.notebook import scale_named
+
+    return scale_named(name)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

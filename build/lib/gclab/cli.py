@@ -1,0 +1,583 @@
+"""Command line: `python -m gclab COMMAND ...` (or `gclab COMMAND ...`).
+
+Commands:
+  graph      node and edge counts of a grid + multimesh (built and cached); --save
+             FILE.npz writes the three graphs and their static features
+  reference  check gclab against a fixture produced by the official code
+  memory     XLA's compiled memory of one training step, from shapes alone
+  timeline   the memory timeline of one training step, as a picture
+  sweep      a grid of configs x techniques, compiled and/or measured
+  plan       the technique settings that fit a memory budget
+
+Every error in what you type is reported in one line, `gclab COMMAND: error: --option
+VALUE: what is allowed`, with exit status 2, before any work starts (output paths
+included). Work too large for this machine is refused the same way, with the estimate and
+the limit. A failed check, or a file that cannot be written in the middle of a run,
+exits with status 1; Ctrl-C with status 130.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+import jax
+from matplotlib.backend_bases import FigureCanvasBase
+
+from gclab.config import MAX_INT32, PRESETS, ConfigError, ModelConfig, get_preset, resolve_model
+from gclab.files import OutputPathError, atomic_path, check_output_path, check_writable_folder
+from gclab.geometry.graphs import load_or_build_graphs, save_graphs
+from gclab.measure.compiled import format_bytes
+from gclab.memory.config import (
+    PRECISIONS,
+    RECIPES,
+    REMAT_SPEC_HELP,
+    get_recipe,
+    parse_remat_spec,
+)
+from gclab.model.reference import load_fixture, run_checks
+from gclab.plots import plot_sweep, plot_timeline
+from gclab.sizing.planner import BUDGET_HELP, NothingFits, parse_budget, plan
+from gclab.sizing.step import StepSpec, train_step_memory, train_step_timeline
+from gclab.sizing.sweep import MEASURES, save_sweep, sweep
+from gclab.sizing.sweep import grid as sweep_grid
+
+#: File types a picture can be saved as (matplotlib's, from the name's suffix; not pgf,
+#: which needs a LaTeX installation).
+PLOT_SUFFIXES = tuple(f".{ext}" for ext in sorted(FigureCanvasBase.get_supported_filetypes())
+                      if ext != "pgf")
+SWEEP_SUFFIXES = (".json", ".csv")
+SWEEP_CACHE_ENV = "GCLAB_SWEEP_CACHE"
+# argparse's own messages after "argument --x: " (the rest come from the types below).
+_ARGPARSE_PHRASES = ("expected ", "invalid choice", "ignored explicit argument", "not allowed")
+
+
+class UsageError(ValueError):
+    """Bad command-line input; printed without a traceback."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with every error in one line: ``gclab COMMAND: error: --option VALUE: ...``.
+
+    Attributes:
+      commands: the parser of each command (on the top-level parser).
+    """
+
+    commands: dict = {}
+
+    def error(self, message: str):
+        m = re.match(r"argument ([^:]+): (.*)$", message, re.S)
+        if m:
+            option = m.group(1).split("/")[-1]
+            rest = m.group(2)
+            if rest.startswith(_ARGPARSE_PHRASES):
+                if rest == "expected one argument":
+                    rest += f" (write a value that starts with '-' as {option}=VALUE)"
+                message = f"{option}: {rest}"
+            else:  # "VALUE: what is allowed", from an option type
+                message = f"{option} {rest}"
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+# ------------------------------------------------------------------------- option types
+# Each checks one option when argparse reads it, before any work, and says what is
+# allowed; the rule is the config's own wherever a config has one.
+
+
+def _shown(text: str) -> str:
+    """The value as typed, quoted where it would not read as one word."""
+    return text if text and not any(c.isspace() for c in text) else repr(text)
+
+
+def _bad(text: str, allowed: str) -> argparse.ArgumentTypeError:
+    return argparse.ArgumentTypeError(f"{_shown(text)}: {allowed}")
+
+
+def _parse_int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise _bad(text, "not an integer") from None
+
+
+def _parse_number(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise _bad(text, "not a number") from None
+
+
+def _model_field(field: str, parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """An option type for one `ModelConfig` field, checked by the config's own rule."""
+
+    def convert(text: str) -> Any:
+        value = parse(text)
+        try:
+            ModelConfig(**{field: value})
+        except ConfigError as e:
+            raise _bad(text, e.allowed) from None
+        return value
+
+    return convert
+
+
+def _model_list(field: str) -> Callable[[str], list[int]]:
+    """Comma-separated integers, each a valid `ModelConfig` field."""
+    one = _model_field(field, _parse_int)
+
+    def convert(text: str) -> list[int]:
+        try:
+            return [one(part) for part in text.split(",")]
+        except argparse.ArgumentTypeError:
+            raise _bad(text, f"comma-separated integers, each >= 1 (and <= {MAX_INT32})"
+                       ) from None
+
+    return convert
+
+
+def _count(minimum: int, note: str = "") -> Callable[[str], int]:
+    def convert(text: str) -> int:
+        value = _parse_int(text)
+        if not minimum <= value <= MAX_INT32:
+            raise _bad(text, f"an integer >= {minimum} (and <= {MAX_INT32}){note}")
+        return value
+
+    return convert
+
+
+def _choice(choices: Sequence[str], parse: Callable[[str], Any] = str) -> Callable[[str], Any]:
+    def convert(text: str) -> Any:
+        if text not in choices:
+            raise _bad(text, "one of " + ", ".join(choices))
+        return parse(text)
+
+    return convert
+
+
+def _preset(text: str) -> str:
+    try:
+        get_preset(text)
+    except ValueError:
+        raise _bad(text, "one of " + ", ".join(sorted(PRESETS))) from None
+    return text
+
+
+def _recipes(text: str) -> list[str]:
+    names = [r.strip() for r in text.split(",")]
+    if not all(n in RECIPES for n in names):
+        raise _bad(text, "comma-separated recipes, each one of " + ", ".join(RECIPES))
+    return names
+
+
+def _remat(text: str) -> dict:
+    try:
+        return parse_remat_spec(text)
+    except ValueError:
+        raise _bad(text, REMAT_SPEC_HELP) from None
+
+
+def _budget(text: str) -> int:
+    try:
+        return parse_budget(text)
+    except ValueError:
+        raise _bad(text, BUDGET_HELP) from None
+
+
+def _tolerance(text: str) -> float:
+    value = _parse_number(text)
+    if not 0 < value < math.inf:
+        raise _bad(text, "a finite number > 0")
+    return value
+
+
+def _output_file(suffixes: Optional[Sequence[str]] = None) -> Callable[[str], Path]:
+    """A file to write: checked now (folder exists and is writable, not a directory)."""
+
+    def convert(text: str) -> Path:
+        if text == "-":
+            raise _bad(text, "a file name (gclab does not write this to standard output)")
+        try:
+            return check_output_path(text, suffixes)
+        except OutputPathError as e:
+            raise _bad(text, e.reason) from None
+
+    return convert
+
+
+# ------------------------------------------------------------------------- shared options
+
+
+def _add_model_args(p: argparse.ArgumentParser, *, network: bool = True) -> None:
+    g = p.add_argument_group("model (a preset, or a grid and mesh)")
+    g.add_argument("--preset", type=_preset,
+                   help="a named preset: " + ", ".join(sorted(PRESETS)))
+    g.add_argument("--resolution", type=_model_field("resolution", _parse_number),
+                   metavar="DEG", help="grid spacing in degrees (divides 180, at most 180)")
+    g.add_argument("--mesh-splits", type=_model_field("mesh_splits", _parse_int), metavar="N",
+                   help="icosahedron refinements, 0..7")
+    g.add_argument("--radius-fraction",
+                   type=_model_field("radius_query_fraction_edge_length", _parse_number),
+                   metavar="F",
+                   help="grid2mesh radius as a fraction of the longest finest edge (0.6)")
+    if network:
+        g.add_argument("--latent", type=_model_field("latent_size", _parse_int), metavar="L",
+                       help="latent width L (default: the preset's, else 32)")
+        g.add_argument("--steps", type=_model_field("processor_steps", _parse_int),
+                       metavar="S", help="processor steps S (default: the preset's, else 4)")
+        g.add_argument("--levels", type=_choice(("13", "37"), int),
+                       help="pressure levels, 13 or 37 (default: the preset's, else 13)")
+
+
+def _add_step_args(g) -> None:
+    g.add_argument("--batch", type=_count(1), default=1, metavar="B",
+                   help="batch size B (default 1)")
+    g.add_argument("--rollout", type=_count(1), default=1, metavar="T",
+                   help="autoregressive steps T (default 1)")
+    g.add_argument("--precision", type=_choice(PRECISIONS), default="f32",
+                   help="f32 or bf16 (default f32)")
+
+
+def _add_memory_args(p: argparse.ArgumentParser, *, several_recipes: bool = False) -> None:
+    g = p.add_argument_group("memory techniques")
+    _add_step_args(g)
+    if several_recipes:
+        g.add_argument("--recipe", type=_recipes, default=["none"], metavar="NAME[,NAME...]",
+                       help="named recipes, overlaid in one picture: " + ", ".join(RECIPES)
+                       + " (default none)")
+    else:
+        g.add_argument("--recipe", type=_choice(tuple(RECIPES)), default="none",
+                       help="named recipe: " + ", ".join(RECIPES) + " (default none)")
+    g.add_argument("--remat", type=_remat, metavar="SPEC",
+                   help="processor remat: " + REMAT_SPEC_HELP)
+    g.add_argument("--edge-block", type=_count(0, "; 0 turns blocks off"), metavar="N",
+                   help="edges per block; 0 turns edge blocks off, and with them the "
+                   "techniques that need them (processor edge blocks, streamed grid nodes)")
+
+
+def _resolve_model(args):
+    """(ModelConfig, TaskConfig) from --preset or --resolution/--mesh-splits (+ overrides)."""
+    return resolve_model(args.preset, resolution=args.resolution, mesh_splits=args.mesh_splits,
+                         radius_fraction=args.radius_fraction,
+                         latent=getattr(args, "latent", None), steps=getattr(args, "steps", None),
+                         levels=getattr(args, "levels", None))
+
+
+def _resolve_memory(args, recipe: str):
+    mem = get_recipe(recipe, args.precision)
+    changes = {}
+    if args.remat is not None:
+        changes.update(args.remat)
+    if args.edge_block is not None:
+        changes["edge_block_size"] = args.edge_block or None
+        if not args.edge_block:  # no blocks: nor what needs them
+            changes["processor_edge_blocks"] = False
+            changes["stream_grid_nodes"] = False
+    if args.rollout > 1 and recipe != "none":
+        changes["rollout_remat"] = True
+    return mem.replace(**changes) if changes else mem
+
+
+def _spec(args, recipe: str) -> StepSpec:
+    model, task = _resolve_model(args)
+    return StepSpec(model, task, _resolve_memory(args, recipe), batch=args.batch,
+                    rollout=args.rollout)
+
+
+def _finite(obj):
+    """`obj` with non-finite floats as None (strict JSON has no NaN or Infinity)."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def _print_json(obj) -> None:
+    print(json.dumps(_finite(obj), indent=2, sort_keys=True, default=str, allow_nan=False))
+
+
+def _save_figure(fig, path: Path) -> None:
+    """Saves a figure atomically (a temporary file, then renamed into place)."""
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format=path.suffix[1:].lower(), dpi=120, bbox_inches="tight")
+
+
+# ----------------------------------------------------------------------------------------
+
+
+def cmd_graph(args) -> int:
+    model, _ = _resolve_model(args)
+    t0 = time.perf_counter()
+    graphs, source = load_or_build_graphs(model.resolution, model.mesh_splits,
+                                          model.radius_query_fraction_edge_length,
+                                          model.mesh2grid_edge_normalization_factor)
+    seconds = time.perf_counter() - t0
+    if args.save is not None:
+        save_graphs(graphs, args.save)
+    counts = graphs.counts()
+    if args.json:
+        _print_json({**counts, "resolution": model.resolution, "mesh_splits": model.mesh_splits,
+                     "radius_query_fraction_edge_length":
+                         model.radius_query_fraction_edge_length,
+                     "build_seconds": round(seconds, 3), "loaded_from_cache": source.loaded,
+                     "cache_path": source.cache_path, "cache_error": source.cache_error,
+                     **({"saved": str(args.save)} if args.save is not None else {})})
+    else:
+        print(f"grid {model.resolution:g} deg ({graphs.n_lat} x {graphs.n_lon}), "
+              f"{model.mesh_splits} mesh splits, radius fraction "
+              f"{model.radius_query_fraction_edge_length:g}")
+        for key, value in counts.items():
+            print(f"  {key:<16} {value:>12,}")
+        print(f"  {source.describe()}, {seconds:.2f} s")
+        if not counts["grid2mesh_edges"]:
+            print("  note: no grid node is within the query radius of a mesh node, so the "
+                  "encoder passes nothing from grid to mesh (raise --radius-fraction)")
+        if args.save is not None:
+            print(f"  saved to {args.save} (senders, receivers and features of the three "
+                  "graphs)")
+    return 0
+
+
+def cmd_reference(args) -> int:
+    fixtures = [load_fixture(path) for path in args.fixtures]  # every file checked first
+    status = 0
+    for path, fx in zip(args.fixtures, fixtures):
+        c = fx.config
+        print(f"{path}: {c.resolution:g} deg, {c.mesh_splits} splits, {c.processor_steps} x "
+              f"{c.latent_size}, C_in {fx.data_channels}, C_out {fx.output_channels}, "
+              f"batch {fx.batch}")
+        for check in run_checks(fx, args.tolerance):
+            mark = "PASS" if check.passed else "FAIL"
+            print(f"  {mark}  {check.name}: max abs error {check.max_abs_error:.3g} "
+                  f"({check.detail})")
+            status |= not check.passed
+    print(f"{'all checks passed' if not status else 'some checks FAILED'} "
+          f"(tolerance {args.tolerance:g} absolute)")
+    return int(status)
+
+
+def cmd_memory(args) -> int:
+    spec = _spec(args, args.recipe)
+    result = train_step_memory(spec)
+    record = {**result.to_dict(), **spec.describe()}
+    if args.json:
+        _print_json(record)
+        return 0
+    print(f"one training step of {spec.title()}")
+    print(f"  parameters       {record['num_params']:>14,}")
+    for key in ("argument_bytes", "output_bytes", "temp_bytes", "alias_bytes", "total_bytes"):
+        print(f"  {key:<16} {format_bytes(record[key]):>14}")
+    print(f"  backend {record['backend']}, compiled in {record['compile_seconds']:.1f} s")
+    return 0
+
+
+def cmd_timeline(args) -> int:
+    specs = [_spec(args, recipe) for recipe in args.recipe]  # all checked before compiling
+    timelines, labels = [], []
+    for spec in specs:  # several recipes: overlaid in one picture
+        tl = train_step_timeline(spec)
+        print(f"{spec.title()}: peak {format_bytes(tl.peak_bytes)} at {tl.peak_stage} "
+              f"(compiled temp {format_bytes(tl.temp_bytes)})")
+        timelines.append(tl)
+        labels.append(spec.memory_label())
+    if args.plot:
+        fig = plot_timeline(timelines if len(timelines) > 1 else timelines[0], labels=labels)
+        _save_figure(fig, args.plot)
+        print(f"wrote {args.plot}")
+    return 0
+
+
+def _sweep_cache() -> Optional[Path]:
+    """The folder `GCLAB_SWEEP_CACHE` names (created if missing), checked before the work."""
+    text = os.environ.get(SWEEP_CACHE_ENV, "")
+    if not text:
+        return None
+    folder = Path(text)
+    if folder.exists() and not folder.is_dir():
+        raise UsageError(f"{SWEEP_CACHE_ENV}={text}: not a directory")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        return check_writable_folder(folder)
+    except OSError as e:
+        raise UsageError(f"{SWEEP_CACHE_ENV}={text}: cannot create it ({e.strerror or e})"
+                         ) from None
+    except OutputPathError as e:
+        raise UsageError(f"{SWEEP_CACHE_ENV}={text}: {e.reason}") from None
+
+
+def cmd_sweep(args) -> int:
+    model, task = _resolve_model(args)
+    cache = _sweep_cache()
+    specs = sweep_grid(model, args.latents or [model.latent_size],
+                       args.steps_list or [model.processor_steps], task,
+                       techniques=args.recipes, precision=args.precision, batch=args.batch,
+                       rollout=args.rollout)
+    df = sweep(specs, measure=args.measure, cache_path=cache)
+    save_sweep(df, args.out)
+    for _, r in df.iterrows():
+        print(f"{r['model.processor_steps']:>3} x {r['model.latent_size']:<5} "
+              f"{r['technique']:<10} total {format_bytes(r['total_bytes'])} "
+              f"temp {format_bytes(r['temp_bytes'])} {r['status']}")
+    print(f"wrote {args.out}")
+    if args.plot:
+        _save_figure(plot_sweep(df), args.plot)
+        print(f"wrote {args.plot}")
+    return 0 if (df["status"] == "ok").all() else 1
+
+
+def cmd_plan(args) -> int:
+    model, task = _resolve_model(args)
+    try:
+        result = plan(args.budget, model, task, batch=args.batch, rollout=args.rollout,
+                      precision=args.precision,
+                      use_compiled={"auto": "auto", "yes": True, "no": False}[args.compiled])
+    except NothingFits as e:
+        print(f"gclab plan: {e}", file=sys.stderr)
+        return 1
+    if args.json:
+        _print_json(result.to_dict())
+    else:
+        print(result.explain())
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="gclab", description=__doc__.split("\n\n")[0],
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    parser.commands = sub.choices
+
+    p = sub.add_parser("graph", help="node and edge counts of a grid and multimesh")
+    _add_model_args(p, network=False)
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--save", type=_output_file(), metavar="FILE.npz",
+                   help="write the three graphs (senders, receivers) and static features")
+    p.set_defaults(func=cmd_graph)
+
+    p = sub.add_parser("reference", help="check gclab against official fixtures")
+    p.add_argument("fixtures", nargs="+", metavar="PATH.npz",
+                   help="fixtures written by the official code (a PATH.json sidecar is read "
+                   "if present)")
+    p.add_argument("--tolerance", type=_tolerance, default=1e-5,
+                   help="max abs error, a finite number > 0 (default 1e-5)")
+    p.set_defaults(func=cmd_reference)
+
+    p = sub.add_parser("memory", help="compiled memory of one training step (no allocation)")
+    _add_model_args(p)
+    _add_memory_args(p)
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=cmd_memory)
+
+    p = sub.add_parser("timeline", help="memory timeline of one training step "
+                       "(--recipe A,B overlays several)")
+    _add_model_args(p)
+    _add_memory_args(p, several_recipes=True)
+    p.add_argument("--plot", type=_output_file(PLOT_SUFFIXES), metavar="FILE.png",
+                   help="save the timeline picture (the suffix sets the format: png, pdf, "
+                   "svg, ...)")
+    p.set_defaults(func=cmd_timeline)
+
+    p = sub.add_parser("sweep", help="configs x techniques, compiled and/or measured "
+                       f"(rows cached in ${SWEEP_CACHE_ENV} if set)")
+    _add_model_args(p)
+    g = p.add_argument_group("sweep")
+    g.add_argument("--latents", type=_model_list("latent_size"), metavar="L[,L...]",
+                   help="comma-separated latent widths (default: the model's)")
+    g.add_argument("--steps-list", type=_model_list("processor_steps"), metavar="S[,S...]",
+                   help="comma-separated processor steps (default: the model's)")
+    g.add_argument("--recipes", type=_recipes, default=_recipes("none,per-step,deepmind,lean"),
+                   metavar="NAME[,NAME...]",
+                   help="comma-separated recipes: " + ", ".join(RECIPES) + " (default all)")
+    _add_step_args(g)
+    g.add_argument("--measure", type=_choice(MEASURES), default="compiled",
+                   help="compiled (no allocation, the default), timed, measured (fresh "
+                   "process) or both")
+    g.add_argument("--out", type=_output_file(SWEEP_SUFFIXES), required=True,
+                   metavar="FILE.json", help="write the rows as JSON records (.json) or CSV "
+                   "(.csv)")
+    g.add_argument("--plot", type=_output_file(PLOT_SUFFIXES), metavar="FILE.png",
+                   help="save a picture of the sweep (the suffix sets the format)")
+    p.set_defaults(func=cmd_sweep)
+
+    p = sub.add_parser("plan", help="technique settings that fit a memory budget")
+    p.add_argument("--budget", type=_budget, required=True,
+                   help="bytes (16GiB, 12GB, 500MiB) or a card: T4, L4, A100-40GB, A100-80GB, "
+                   "H100")
+    _add_model_args(p)
+    g = p.add_argument_group("step")
+    _add_step_args(g)
+    g.add_argument("--compiled", type=_choice(("auto", "yes", "no")), default="auto",
+                   help="verify with compiled figures: yes, no, or auto (the default: where "
+                   "compiling is quick)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=cmd_plan)
+    return parser
+
+
+def _check_backend() -> None:
+    """Starts JAX's backend now, so that a bad `JAX_PLATFORMS` is one line, not a traceback."""
+    try:
+        jax.default_backend()
+    except Exception as e:  # noqa: BLE001 - JAX raises RuntimeError or AssertionError here
+        platforms = os.environ.get("JAX_PLATFORMS", "")
+        raise UsageError("JAX could not start a backend"
+                         + (f" for JAX_PLATFORMS={platforms}" if platforms else "")
+                         + (f": {e}" if str(e) else "")) from None
+
+
+def _one_line_warnings(command: str):
+    def show(message, category, filename, lineno, file=None, line=None):
+        print(f"gclab {command}: warning: {message}", file=sys.stderr)
+
+    return show
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = build_parser()
+    try:
+        args, extra = parser.parse_known_args(argv)
+        if extra:  # reported by the command's own parser, which names the command
+            parser = parser.commands.get(args.command, parser)
+            parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    except SystemExit as e:  # --help, or an error already printed in one line
+        return e.code if isinstance(e.code, int) else 2
+    if args.command is None:
+        parser.print_help()
+        return 2
+    prefix = f"gclab {args.command}: error:"
+    with warnings.catch_warnings():
+        warnings.showwarning = _one_line_warnings(args.command)
+        try:
+            if args.command != "graph":  # every other command runs JAX
+                _check_backend()
+            return args.func(args)
+        except ValueError as e:  # UsageError, config/fixture errors, TooLarge: one line
+            print(f"{prefix} {e}", file=sys.stderr)
+            return 2
+        except BrokenPipeError:  # the reader went away (`gclab ... | head`): stop quietly
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 1
+        except OSError as e:  # a file that could not be written mid-run
+            where = f": {e.filename}" if e.filename else ""
+            print(f"{prefix} {e.strerror or e}{where}", file=sys.stderr)
+            return 1
+        except MemoryError:
+            print(f"{prefix} out of memory", file=sys.stderr)
+            return 1
+        except KeyboardInterrupt:
+            print(f"gclab {args.command}: interrupted", file=sys.stderr)
+            return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

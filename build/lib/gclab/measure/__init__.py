@@ -1,0 +1,55 @@
+"""Instruments: what XLA plans, what a process uses, and when memory is live.
+
+| module | what it is for |
+|---|---|
+| `compiled` | XLA's compiled memory of a function, from shapes alone |
+| `peak` | the measured peak of a workload in a fresh process |
+| `timeline` | the memory timeline of a compiled function, from XLA's buffer assignment |
+| `residuals` | what JAX saves for the backward pass, by module |
+| `hostmem` | host (numpy) allocations during a block of code, with memray |
+| `hlo` | FLOPs and fusions of a compiled function's optimised HLO |
+| `timing` | the median wall time of a call |
+| `eager` | bytes an op-by-op execution would allocate |
+| `targets` | small workloads for `measure_peak` (tests and the book) |
+"""
+
+from gclab.measure.compiled import (
+    CompiledMemory,
+    compile_fn,
+    compile_timed,
+    compiled_memory,
+    format_bytes,
+    memory_of_compiled,
+)
+from gclab.measure.eager import op_by_op_bytes
+from gclab.measure.hlo import flops, fusion_counts, hlo_computations, largest_fusion
+from gclab.measure.hostmem import HostMemory, track_host_memory
+from gclab.measure.peak import PeakResult, measure_peak
+from gclab.measure.residuals import (
+    ARGUMENTS_GROUP,
+    NOT_A_GRAPH_SET,
+    bytes_by_graph_set,
+    indexed_by,
+    module_of_scope,
+    saved_residuals_df,
+    summarize_residuals,
+)
+from gclab.measure.timeline import (
+    BACKWARD_PREFIX,
+    Timeline,
+    compile_with_timeline,
+    label_op,
+    memory_timeline,
+    timeline_from_dump,
+)
+from gclab.measure.timing import median_seconds
+
+__all__ = [
+    "ARGUMENTS_GROUP", "BACKWARD_PREFIX", "NOT_A_GRAPH_SET", "CompiledMemory", "HostMemory",
+    "PeakResult", "Timeline", "bytes_by_graph_set", "compile_fn", "compile_timed",
+    "compile_with_timeline", "compiled_memory", "flops", "format_bytes", "fusion_counts",
+    "hlo_computations", "indexed_by", "label_op", "largest_fusion", "measure_peak",
+    "median_seconds", "memory_of_compiled", "memory_timeline", "module_of_scope",
+    "op_by_op_bytes", "saved_residuals_df", "summarize_residuals", "timeline_from_dump",
+    "track_host_memory",
+]

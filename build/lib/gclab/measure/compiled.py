@@ -1,0 +1,180 @@
+"""What XLA plans: the compiled memory of a function, from shapes alone.
+
+* **Planned** (`compiled_memory`, `compile_fn`): XLA's own accounting of a compiled
+  function (`Compiled.memory_analysis()`): bytes of arguments, outputs, temporaries
+  and aliased (donated) buffers. It needs no allocation: arguments may be
+  `jax.ShapeDtypeStruct` pytrees, so a configuration far larger than this machine can
+  be sized in seconds. Note: on CPU, `peak_memory_in_bytes` leaves out temporaries,
+  so we never use it; `total_bytes` is computed here as
+  ``argument + output + temp - alias``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jax
+
+from gclab.limits import format_bytes
+
+__all__ = ["CompiledMemory", "compile_fn", "compile_timed", "compiled_memory", "format_bytes",
+           "memory_of_compiled"]
+
+
+# --------------------------------------------------------------------------- planned
+
+
+@dataclasses.dataclass(frozen=True)
+class CompiledMemory:
+    """XLA's memory plan for one compiled function.
+
+    Attributes:
+      argument_bytes: bytes of all (flattened) arguments.
+      output_bytes: bytes of all outputs.
+      temp_bytes: bytes of XLA's preallocated temporary buffer(s): activations,
+        residuals, gradients in flight, workspace.
+      alias_bytes: bytes of outputs that reuse (donated) argument buffers.
+      generated_code_bytes: size of the generated code.
+      total_bytes: ``argument + output + temp - alias``: what the call needs at once.
+      backend: platform the function was compiled for ('cpu', 'gpu', ...).
+      compile_seconds: wall time of lowering plus compilation.
+    """
+
+    argument_bytes: int
+    output_bytes: int
+    temp_bytes: int
+    alias_bytes: int
+    generated_code_bytes: int
+    total_bytes: int
+    backend: str
+    compile_seconds: float
+
+    def to_dict(self) -> dict[str, Any]:
+        """Returns the fields as a plain dict (JSON-able)."""
+        return dataclasses.asdict(self)
+
+    def __str__(self) -> str:
+        return (
+            f"CompiledMemory(total={format_bytes(self.total_bytes)}, "
+            f"temp={format_bytes(self.temp_bytes)}, "
+            f"args={format_bytes(self.argument_bytes)}, "
+            f"out={format_bytes(self.output_bytes)}, "
+            f"alias={format_bytes(self.alias_bytes)}, backend={self.backend})"
+        )
+
+
+def compile_timed(
+    fn: Callable[..., Any],
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+    static_argnums: Sequence[int] | int = (),
+    donate_argnums: Sequence[int] | int = (),
+    compiler_options: Mapping[str, Any] | None = None,
+) -> tuple[Any, float]:
+    """`compile_fn` that also returns the seconds that lowering and compiling took."""
+    start = time.perf_counter()
+    jitted = jax.jit(fn, static_argnums=static_argnums, donate_argnums=donate_argnums)
+    lowered = jitted.lower(*args, **kwargs)
+    if compiler_options:
+        compiled = lowered.compile(compiler_options=dict(compiler_options))
+    else:
+        compiled = lowered.compile()
+    return compiled, time.perf_counter() - start
+
+
+def compile_fn(
+    fn: Callable[..., Any],
+    *args: Any,
+    static_argnums: Sequence[int] | int = (),
+    donate_argnums: Sequence[int] | int = (),
+    compiler_options: Mapping[str, Any] | None = None,
+    **kwargs: Any,
+) -> Any:
+    """Jits, lowers and compiles `fn` for the given arguments, without running it.
+
+    Args:
+      fn: the function to compile.
+      *args: arrays or `jax.ShapeDtypeStruct` pytrees (static arguments as values).
+      static_argnums: passed to `jax.jit`.
+      donate_argnums: passed to `jax.jit`.
+      compiler_options: optional XLA debug options for this compile only (e.g.
+        ``{'xla_dump_to': dir}``).
+      **kwargs: keyword arguments of `fn` (arrays or shapes).
+
+    Returns:
+      The `jax.stages.Compiled` object (`memory_analysis()`, `as_text()`, ...).
+    """
+    compiled, _ = compile_timed(
+        fn, args, kwargs, static_argnums, donate_argnums, compiler_options
+    )
+    return compiled
+
+
+def memory_of_compiled(compiled: Any, compile_seconds: float = float("nan")) -> CompiledMemory:
+    """Reads `CompiledMemory` off an already compiled function.
+
+    Args:
+      compiled: a `jax.stages.Compiled`.
+      compile_seconds: the compile time to record, if known.
+
+    Returns:
+      The memory plan.
+
+    Raises:
+      RuntimeError: if the backend offers no memory analysis.
+    """
+    stats = compiled.memory_analysis()
+    if stats is None:
+        raise RuntimeError("this backend returns no memory_analysis()")
+    if isinstance(stats, (list, tuple)):  # one per device on some versions
+        stats = stats[0]
+    arg = int(stats.argument_size_in_bytes)
+    out = int(stats.output_size_in_bytes)
+    tmp = int(stats.temp_size_in_bytes)
+    alias = int(stats.alias_size_in_bytes)
+    code = int(getattr(stats, "generated_code_size_in_bytes", 0) or 0)
+    try:
+        backend = compiled.runtime_executable().client.platform
+    except Exception:  # noqa: BLE001 - the platform name is informative only
+        backend = jax.default_backend()
+    return CompiledMemory(
+        argument_bytes=arg,
+        output_bytes=out,
+        temp_bytes=tmp,
+        alias_bytes=alias,
+        generated_code_bytes=code,
+        total_bytes=arg + out + tmp - alias,
+        backend=str(backend),
+        compile_seconds=float(compile_seconds),
+    )
+
+
+def compiled_memory(
+    fn: Callable[..., Any],
+    *args: Any,
+    static_argnums: Sequence[int] | int = (),
+    donate_argnums: Sequence[int] | int = (),
+    **kwargs: Any,
+) -> CompiledMemory:
+    """XLA's memory plan of `jax.jit(fn)(*args, **kwargs)`, without running it.
+
+    Args:
+      fn: the function to size (typically a training step).
+      *args: arrays or `jax.ShapeDtypeStruct` pytrees; shapes allocate nothing.
+      static_argnums: passed to `jax.jit`.
+      donate_argnums: passed to `jax.jit` (donated bytes show up as `alias_bytes`).
+      **kwargs: keyword arguments of `fn`.
+
+    Returns:
+      A `CompiledMemory`.
+    """
+    compiled, seconds = compile_timed(
+        fn, args, kwargs, static_argnums, donate_argnums, None
+    )
+    return memory_of_compiled(compiled, seconds)
+
+
+# -------------------------------------------------------------------------- measured

@@ -1,0 +1,267 @@
+"""What a process really uses: the peak memory of a workload in a fresh process.
+
+* **Measured** (`measure_peak`): runs a workload in a *fresh* Python process (so that
+  one configuration cannot inherit another's allocator state or compile cache) and
+  reads back the peak:
+
+  - on GPU, `device.memory_stats()['peak_bytes_in_use']`: the most bytes allocated at
+    once out of the allocator's pool (blocks, not the pool: preallocation does not change
+    it). The child sets ``XLA_PYTHON_CLIENT_PREALLOCATE=false`` before JAX starts, so that
+    it reserves only what it allocates and `nvidia-smi` agrees with the counter;
+  - on CPU (where `memory_stats()` is None), the peak heap seen by `memray.Tracker`
+    during the workload, plus the process's peak resident set size
+    (`VmHWM` on Linux, else `getrusage(RUSAGE_SELF).ru_maxrss`).
+
+  An out-of-memory failure in the child (``RESOURCE_EXHAUSTED``, ``Out of memory``,
+  `MemoryError`, or the child killed by SIGKILL) comes back as status ``'oom'``; any
+  other failure as ``'error'``; the caller never crashes. With `budget_bytes`, a
+  measured peak above the budget is also reported as ``'oom'``: this is how a smaller
+  card is simulated, and how out-of-memory is exercised on CPU.
+
+The workload is named by an importable ``"module:function"`` string; the function
+receives the JSON-able `kwargs` as keyword arguments and may return any JSON-able
+value, which comes back as `PeakResult.result`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import jax
+
+from gclab.measure.compiled import format_bytes
+
+_OOM_MARKERS = ("RESOURCE_EXHAUSTED", "Out of memory", "out of memory", "MemoryError")
+_RESULT_PREFIX = "GCLAB_MEASURE_RESULT="
+
+
+@dataclasses.dataclass(frozen=True)
+class PeakResult:
+    """Outcome of one configuration run in a fresh process.
+
+    Attributes:
+      status: 'ok', 'oom' (out of memory, or measured peak above the budget) or
+        'error' (any other failure, including a timeout).
+      message: empty when ok; otherwise what went wrong.
+      backend: JAX backend of the child ('cpu', 'gpu', ...), '' if unknown.
+      device: description of the child's first device, '' if unknown.
+      peak_bytes: GPU: device peak bytes in use; CPU: memray's peak heap during the
+        workload. None if not measured.
+      peak_rss_bytes: peak resident set size of the child process (whole process,
+        including the Python interpreter and JAX itself). None if not measured.
+      wall_seconds: wall time of the workload call in the child (whole child run if
+        the workload did not finish).
+      result: whatever JSON the target returned (None on failure).
+      budget_bytes: the budget the peak was compared against, if any.
+    """
+
+    status: str
+    message: str = ""
+    backend: str = ""
+    device: str = ""
+    peak_bytes: int | None = None
+    peak_rss_bytes: int | None = None
+    wall_seconds: float = float("nan")
+    result: Any = None
+    budget_bytes: int | None = None
+
+    @property
+    def ok(self) -> bool:
+        """True when the run completed within budget."""
+        return self.status == "ok"
+
+    def to_dict(self) -> dict[str, Any]:
+        """Returns the fields as a plain dict."""
+        return dataclasses.asdict(self)
+
+
+def _looks_like_oom(text: str) -> bool:
+    return any(marker in text for marker in _OOM_MARKERS)
+
+
+def _repo_root() -> str:
+    return str(Path(__file__).resolve().parent.parent)
+
+
+def measure_peak(
+    target: str,
+    kwargs: Mapping[str, Any] | None = None,
+    *,
+    timeout: float = 600.0,
+    budget_bytes: int | None = None,
+    env: Mapping[str, str] | None = None,
+    track_heap: bool = True,
+) -> PeakResult:
+    """Runs ``target(**kwargs)`` in a fresh Python process and measures its peak.
+
+    Args:
+      target: importable ``"package.module:function"``; the function builds and runs
+        the workload (compile included) and returns a JSON-able value.
+      kwargs: JSON-able keyword arguments for the target.
+      timeout: seconds before the child is killed (status 'error').
+      budget_bytes: if given, a measured peak (`peak_bytes`) above it makes the status
+        'oom' with a message saying the budget was breached.
+      env: extra environment variables for the child (override the defaults).
+      track_heap: on CPU, trace the heap with memray (slower for allocation-heavy
+        workloads); if False only the peak RSS is measured and compared to the budget.
+
+    Returns:
+      A `PeakResult`; this function does not raise on failures of the child.
+    """
+    if ":" not in target:
+        raise ValueError(f"target must look like 'module:function', got {target!r}")
+    payload = json.dumps(
+        {"target": target, "kwargs": dict(kwargs or {}), "track_heap": bool(track_heap)}
+    )
+    child_env = dict(os.environ)
+    child_env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
+    root = _repo_root()
+    child_env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (root, child_env.get("PYTHONPATH", "")) if p
+    )
+    if env:
+        child_env.update({str(k): str(v) for k, v in env.items()})
+    code = "import sys; from gclab.measure.peak import run_worker; sys.exit(run_worker())"
+    start = time.perf_counter()
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", code],
+            check=False,
+            input=payload,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=child_env,
+            cwd=root,
+        )
+    except subprocess.TimeoutExpired:
+        return PeakResult(
+            status="error",
+            message=f"timeout after {timeout:g} s",
+            wall_seconds=time.perf_counter() - start,
+            budget_bytes=budget_bytes,
+        )
+    wall = time.perf_counter() - start
+
+    report: dict[str, Any] | None = None
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith(_RESULT_PREFIX):
+            report = json.loads(line[len(_RESULT_PREFIX):])
+            break
+
+    if report is None:
+        tail = (proc.stderr or proc.stdout or "")[-2000:]
+        if proc.returncode == -signal.SIGKILL or _looks_like_oom(tail):
+            status, why = "oom", "child killed (SIGKILL) or out of memory"
+        else:
+            status, why = "error", f"child exited with code {proc.returncode}"
+        return PeakResult(
+            status=status,
+            message=f"{why}: {tail.strip()}" if tail.strip() else why,
+            wall_seconds=wall,
+            budget_bytes=budget_bytes,
+        )
+
+    result = PeakResult(
+        status=report["status"],
+        message=report.get("message", ""),
+        backend=report.get("backend", ""),
+        device=report.get("device", ""),
+        peak_bytes=report.get("peak_bytes"),
+        peak_rss_bytes=report.get("peak_rss_bytes"),
+        wall_seconds=float(report.get("wall_seconds", wall)),
+        result=report.get("result"),
+        budget_bytes=budget_bytes,
+    )
+    if result.status == "ok" and budget_bytes is not None:
+        measured = result.peak_bytes if result.peak_bytes is not None else result.peak_rss_bytes
+        if measured is not None and measured > budget_bytes:
+            result = dataclasses.replace(
+                result,
+                status="oom",
+                message=(
+                    f"budget breached: measured peak {format_bytes(measured)} > "
+                    f"budget {format_bytes(budget_bytes)}"
+                ),
+            )
+    return result
+
+
+def _peak_rss_bytes() -> int:
+    """This process's peak resident set size.
+
+    On Linux, `VmHWM` from /proc/self/status: it starts afresh at exec, whereas
+    `ru_maxrss` of a forked-and-exec'd child starts from its parent's high-water mark.
+    """
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024  # kB
+    except OSError:
+        pass
+    import resource
+
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return int(rss if sys.platform == "darwin" else rss * 1024)  # KiB on Linux, B on macOS
+
+
+def run_worker() -> int:
+    """Entry point of the child process started by `measure_peak` (reads stdin)."""
+    import importlib
+    import traceback
+
+    spec = json.loads(sys.stdin.read())
+    report: dict[str, Any] = {"status": "error", "message": ""}
+    start = time.perf_counter()
+    tmpdir = tempfile.mkdtemp(prefix="gclab_measure_")
+    try:
+        module_name, func_name = spec["target"].split(":", 1)
+        func = getattr(importlib.import_module(module_name), func_name)
+        device = jax.devices()[0]  # starts the backend before anything is tracked
+        report["backend"] = jax.default_backend()
+        report["device"] = str(getattr(device, "device_kind", device))
+        stats = device.memory_stats()
+        use_memray = stats is None and spec.get("track_heap", True)
+        start = time.perf_counter()
+        if use_memray:
+            import memray
+
+            trace = os.path.join(tmpdir, "trace.bin")
+            with memray.Tracker(trace, native_traces=False, follow_fork=False):
+                value = func(**spec["kwargs"])
+            report["peak_bytes"] = int(memray.FileReader(trace).metadata.peak_memory)
+        else:
+            value = func(**spec["kwargs"])
+            stats = device.memory_stats()
+            if stats is not None:
+                report["peak_bytes"] = int(stats.get("peak_bytes_in_use", 0))
+        report["wall_seconds"] = time.perf_counter() - start
+        report["result"] = json.loads(json.dumps(value, default=str))
+        report["status"] = "ok"
+    except BaseException as exc:  # noqa: BLE001 - every failure must be reported
+        text = f"{type(exc).__name__}: {exc}"
+        report["status"] = (
+            "oom" if isinstance(exc, MemoryError) or _looks_like_oom(text) else "error"
+        )
+        report["message"] = text[:4000]
+        report["traceback"] = traceback.format_exc()[-4000:]
+        report["wall_seconds"] = time.perf_counter() - start
+    finally:
+        report["peak_rss_bytes"] = _peak_rss_bytes()
+        for name in os.listdir(tmpdir):
+            os.remove(os.path.join(tmpdir, name))
+        os.rmdir(tmpdir)
+    sys.stdout.flush()
+    print(_RESULT_PREFIX + json.dumps(report), flush=True)
+    return 0

@@ -1,0 +1,232 @@
+"""Memory techniques, each one switch of a frozen `MemoryConfig` (all off by default).
+
+Every technique keeps the model's function: float32 techniques change gradients by float32
+rounding only (tests hold them to 1e-5 relative); bfloat16 changes them within the tolerance
+stated in `tests/memory/test_techniques.py`.
+
+| switch | what it does | memory | compute |
+|---|---|---|---|
+| `processor_remat` | checkpoint processor steps: `step`, `every:k` (groups of k scanned steps under one checkpoint), `nested:k` (groups of k, and every step inside a group), `ratio:r` (checkpoint ceil(r*S) steps, store the rest) | per-step: S x one step's internals -> S x (node + edge latents) + one step's internals | one extra forward of the checkpointed steps (~+30% step time) |
+| `remat_policy` | what a checkpoint may keep: `nothing`, `dots` (matmul outputs), `aggregated` (summed messages), `node-latents` | between none and full remat | less recompute than `nothing` |
+| `checkpoint_encoder` / `checkpoint_decoder` | one checkpoint around the whole grid2mesh / mesh2grid GNN | their `[E, B, 3L]` internals are not kept for the backward pass | one extra encoder / decoder forward |
+| `edge_block_size` | encoder and decoder edges in blocks of this many edges, each block under its own checkpoint; the decoder runs grid nodes in blocks end to end | no full `[E, B, L]` or `[E, B, 3L]` array lives at once | one extra forward of the edge MLPs; a sequential loop over blocks |
+| `processor_edge_blocks` | the same blocks for the processor's edge updates | removes the `[E, B, 3L]` concatenation of each processor step | as above |
+| `stream_grid_nodes` | grid-node latents are computed block by block where they are used (encoder edge blocks, decoder blocks) | no `[Ng, B, L]` array at all: memory no longer grows with the grid | the grid embedding runs once per grid2mesh edge and once more in the decoder |
+| `gather_after_matmul` | split the first layer of each edge MLP: `W [e, v_s, v_r] = W_e e + (W_s v)[s] + (W_r v)[r]` | no `[E, B, 3L]` concatenation; matmuls on nodes instead of edges | fewer FLOPs (nodes are fewer than edges) |
+| `precision` | `bf16`: bfloat16 activations and compute, float32 parameters, gradients and optimizer state; encoder edge sum in float32; what the backward pass keeps is bfloat16 (LayerNorm keeps only its input, scanned residuals are stored as uint16 bits so that XLA:CPU makes no float32 copy of them) | saved activations halved; XLA:CPU compiled temp 0.5-0.75x float32 (its kernels still compute in float32) | faster matmuls on GPU/TPU |
+| `float32_aggregation` | sum incoming messages in float32 everywhere (not only in the encoder) | one float32 `[N, B, L]` buffer per sum | small |
+| `rollout_remat` | each autoregressive step of a rollout under its own checkpoint | grows far slower than T | one extra forward per step |
+| `microbatches` | gradient accumulation over this many micro-batches | activations of B / k samples | none (sequential) |
+| `donate` | donate parameters and optimizer state to the train step | the updated state reuses the old buffers | none |
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from typing import Optional
+
+from gclab.config import MAX_INT32, PRESETS, invalid, is_int, is_number, normalise_numbers
+
+REMAT_KINDS = ("none", "step", "every", "nested", "ratio")
+REMAT_POLICIES = ("nothing", "dots", "aggregated", "node-latents")
+PRECISIONS = ("f32", "bf16")
+REMAT_SPEC_HELP = (
+    "none | step | every:K | nested:K | ratio:R (K an integer >= 1, R in [0, 1]), optionally "
+    "followed by ',policy=NAME' with NAME one of " + ", ".join(REMAT_POLICIES))
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryConfig:
+    """Memory techniques of one training step. All off by default (the baseline).
+
+    Attributes:
+      processor_remat: `none`, `step`, `every`, `nested` or `ratio` (see module table).
+        Checkpointing every step roughly makes the backward pass of the processor two
+        times more expensive in FLOPs and removes all but its step boundaries from memory.
+      remat_group_size: k for `every` and `nested` (the GraphCast authors used 3).
+      remat_ratio: r for `ratio`: the first ceil(r * S) steps are checkpointed.
+      remat_policy: what checkpointed code may save (`nothing` saves least).
+      checkpoint_encoder: one checkpoint around the whole encoder (grid2mesh GNN).
+      checkpoint_decoder: one checkpoint around the whole decoder (mesh2grid GNN).
+      edge_block_size: encoder/decoder edges per block (None: no blocks). Smaller blocks
+        lower the peak further but run more, smaller kernels.
+      processor_edge_blocks: also run the processor's edge updates in blocks.
+      gather_after_matmul: apply the sender/receiver parts of each edge MLP's first layer
+        to node latents before the gather.
+      stream_grid_nodes: never hold all grid-node latents: encoder edge blocks embed the
+        grid nodes they send from, and decoder blocks embed and update their own grid
+        nodes (needs `edge_block_size`). Removes every `[Ng, B, L]` array, at the cost
+        of embedding each grid node once more per outgoing grid2mesh edge.
+      precision: `f32` or `bf16` (bfloat16 activations, float32 parameters and gradients).
+        Roughly halves what the backward pass keeps; gradients change by bfloat16
+        rounding (within the tolerances of `tests/test_techniques.py`).
+      float32_aggregation: sum messages in float32 everywhere (the encoder always does).
+      rollout_remat: checkpoint each autoregressive step of a rollout.
+      microbatches: gradient accumulation over this many micro-batches (1: off).
+      donate: donate parameters and optimizer state buffers to the train step.
+    """
+
+    processor_remat: str = "none"
+    remat_group_size: int = 1
+    remat_ratio: float = 1.0
+    remat_policy: str = "nothing"
+    checkpoint_encoder: bool = False
+    checkpoint_decoder: bool = False
+    edge_block_size: Optional[int] = None
+    processor_edge_blocks: bool = False
+    gather_after_matmul: bool = False
+    stream_grid_nodes: bool = False
+    precision: str = "f32"
+    float32_aggregation: bool = False
+    rollout_remat: bool = False
+    microbatches: int = 1
+    donate: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.processor_remat, str) or self.processor_remat not in REMAT_KINDS:
+            invalid(self, "processor_remat", "one of " + ", ".join(REMAT_KINDS))
+        if not is_int(self.remat_group_size) or not 1 <= self.remat_group_size <= MAX_INT32:
+            invalid(self, "remat_group_size", f"an integer >= 1 (and <= {MAX_INT32})")
+        r = self.remat_ratio
+        if not is_number(r) or not 0 <= r <= 1:
+            invalid(self, "remat_ratio", "a number in [0, 1]")
+        if not isinstance(self.remat_policy, str) or self.remat_policy not in REMAT_POLICIES:
+            invalid(self, "remat_policy", "one of " + ", ".join(REMAT_POLICIES))
+        for field in ("checkpoint_encoder", "checkpoint_decoder", "processor_edge_blocks",
+                      "gather_after_matmul", "float32_aggregation", "rollout_remat", "donate",
+                      "stream_grid_nodes"):
+            if not isinstance(getattr(self, field), bool):
+                invalid(self, field, "True or False")
+        if self.edge_block_size is not None and (
+                not is_int(self.edge_block_size) or not 1 <= self.edge_block_size <= MAX_INT32):
+            invalid(self, "edge_block_size", f"None or an integer >= 1 (and <= {MAX_INT32})")
+        if self.processor_edge_blocks and self.edge_block_size is None:
+            invalid(self, "processor_edge_blocks", "needs edge_block_size to be set")
+        if self.stream_grid_nodes and self.edge_block_size is None:
+            invalid(self, "stream_grid_nodes", "needs edge_block_size to be set")
+        if not isinstance(self.precision, str) or self.precision not in PRECISIONS:
+            invalid(self, "precision", "one of " + ", ".join(PRECISIONS))
+        if not is_int(self.microbatches) or not 1 <= self.microbatches <= MAX_INT32:
+            invalid(self, "microbatches", f"an integer >= 1 (and <= {MAX_INT32})")
+        normalise_numbers(self, ("remat_group_size", "edge_block_size", "microbatches"),
+                          ("remat_ratio",))
+
+    def replace(self, **changes) -> "MemoryConfig":
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def remat_spec(self) -> str:
+        """This config's processor remat as a spec string (see `parse_remat_spec`)."""
+        kind = self.processor_remat
+        spec = {"every": f"every:{self.remat_group_size}",
+                "nested": f"nested:{self.remat_group_size}",
+                "ratio": f"ratio:{self.remat_ratio:g}"}.get(kind, kind)
+        if self.remat_policy != "nothing":
+            spec += f",policy={self.remat_policy}"
+        return spec
+
+    def checkpointed_steps(self, steps: int) -> int:
+        """How many of `steps` processor steps run under a checkpoint."""
+        if self.processor_remat == "none":
+            return 0
+        if self.processor_remat == "ratio":
+            return min(steps, math.ceil(self.remat_ratio * steps - 1e-9))
+        return steps
+
+
+_SPEC = re.compile(r"^(none|step|every|nested|ratio)(?::([^,]+))?(?:,policy=([\w-]+))?$")
+
+
+def parse_remat_spec(spec: str) -> dict:
+    """Parses a processor remat spec into `MemoryConfig` fields.
+
+    Args:
+      spec: `none`, `step`, `every:K`, `nested:K` or `ratio:R`, optionally followed by
+        `,policy=NAME` (e.g. `every:3`, `ratio:0.5,policy=dots`).
+
+    Returns:
+      A dict of `processor_remat`, `remat_group_size`, `remat_ratio`, `remat_policy`.
+
+    Raises:
+      ValueError: a malformed spec, listing what is accepted.
+    """
+    m = _SPEC.match(spec.strip()) if isinstance(spec, str) else None
+    if m is None:
+        raise ValueError(f"malformed remat spec {spec!r}; accepted: {REMAT_SPEC_HELP}")
+    kind, arg, policy = m.groups()
+    fields = {"processor_remat": kind, "remat_group_size": 1, "remat_ratio": 1.0,
+              "remat_policy": policy or "nothing"}
+    try:
+        if kind in ("every", "nested"):
+            if arg is None:
+                raise ValueError
+            fields["remat_group_size"] = int(arg)
+        elif kind == "ratio":
+            if arg is None:
+                raise ValueError
+            fields["remat_ratio"] = float(arg)
+        elif arg is not None:
+            raise ValueError
+    except ValueError:
+        raise ValueError(f"malformed remat spec {spec!r}; accepted: {REMAT_SPEC_HELP}") from None
+    if fields["remat_policy"] not in REMAT_POLICIES:
+        raise ValueError(f"unknown remat policy {policy!r} in {spec!r}; accepted: "
+                         + ", ".join(REMAT_POLICIES))
+    MemoryConfig(**fields)  # range checks with field names
+    return fields
+
+
+# Edge blocks used by the named recipes (gclab's choices: the GraphCast authors describe
+# edge blocks but publish no size). Results do not depend on the block size.
+RECIPE_EDGE_BLOCK = 65536
+LEAN_EDGE_BLOCK = 8192
+# Mesh2grid edges of the published 0.25 degree grid (three per grid node).
+FULL_MESH2GRID_EDGES = PRESETS["graphcast"].model.num_mesh2grid_edges
+
+
+def scaled_edge_block(num_mesh2grid_edges: int, block: int = RECIPE_EDGE_BLOCK,
+                      minimum: int = 64) -> int:
+    """The edge block that cuts a smaller grid's mesh2grid edges into as many blocks as
+    `block` cuts the 0.25 degree grid's.
+
+    Block counts, not block sizes, decide how much of an edge set is alive at once, so a
+    recipe compiled on a small grid keeps its memory behaviour with this block size.
+
+    Args:
+      num_mesh2grid_edges: mesh2grid edges of the grid at hand (3 Ng).
+      block: the block size at 0.25 degree.
+      minimum: the smallest block returned.
+    """
+    return max(int(minimum), int(num_mesh2grid_edges) * int(block) // FULL_MESH2GRID_EDGES)
+
+RECIPES = {
+    "none": MemoryConfig(),
+    "per-step": MemoryConfig(processor_remat="step"),
+    # The GraphCast authors' description: checkpoint every 3 processor steps, the whole
+    # encoder and the whole decoder, and edge blocks inside the encoder and decoder.
+    "deepmind": MemoryConfig(processor_remat="every", remat_group_size=3,
+                             checkpoint_encoder=True, checkpoint_decoder=True,
+                             edge_block_size=RECIPE_EDGE_BLOCK),
+    # The least memory gclab reaches in float32.
+    "lean": MemoryConfig(processor_remat="nested", remat_group_size=4,
+                         checkpoint_encoder=True, checkpoint_decoder=True,
+                         edge_block_size=LEAN_EDGE_BLOCK, processor_edge_blocks=True,
+                         gather_after_matmul=True, stream_grid_nodes=True),
+}
+
+
+def get_recipe(name: str, precision: str = "f32") -> MemoryConfig:
+    """A named recipe (`none`, `per-step`, `deepmind`, `lean`) at a precision."""
+    if not isinstance(name, str) or name not in RECIPES:
+        raise ValueError(f"unknown recipe {name!r}; accepted: {', '.join(RECIPES)}")
+    return RECIPES[name].replace(precision=precision)
+
+
+def recipe_name(memory: MemoryConfig) -> Optional[str]:
+    """The name of the recipe `memory` equals at its own precision, or None."""
+    for name, recipe in RECIPES.items():
+        if recipe.replace(precision=memory.precision) == memory:
+            return name
+    return None

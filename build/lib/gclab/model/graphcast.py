@@ -1,0 +1,433 @@
+"""The GraphCast network: encoder (grid2mesh), processor (multimesh), decoder (mesh2grid).
+
+Shapes (letters used in the comments below):
+  B  batch (a feature axis: node arrays are `[N, B, C]`, edge arrays `[E, B, C]`)
+  Ng grid nodes, Nm mesh nodes, E edges of the set at hand
+  C  data channels of a grid node (without the 3 structural features), O outputs
+  L  latent width, S processor steps, nb edge blocks, bs edges per block
+
+Parameters follow the official tree (see `gclab.model.layers`), with the processor's S
+steps stacked on a leading axis (`mesh_gnn/processor_edges_mesh_mlp/~/linear_0` has `w` of
+shape `[S, 3L, L]`). The computation is plain JAX on those arrays, so that the processor
+is a `lax.scan` over its steps and every memory technique of `gclab.memory.MemoryConfig`
+(remat of steps or groups of steps, whole-stage checkpoints, edge blocks, gather after
+matmul, bfloat16) is a change of how the same function is evaluated, never of what it
+computes. The techniques themselves live in `gclab.memory`; this module applies them.
+`gclab.model.official` converts the official flat parameter names to this tree and back.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import NamedTuple, Optional
+
+import haiku as hk
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.ad_checkpoint import checkpoint_name
+
+from gclab.config import STRUCTURAL_EDGE_FEATURES, STRUCTURAL_NODE_FEATURES, ModelConfig
+from gclab.memory.blocks import balanced_block, blocked_edge_update, blocked_sum, split_blocks
+from gclab.memory.config import MemoryConfig
+from gclab.memory.precision import aggregate, cast_tree, compute_dtype
+from gclab.memory.remat import (
+    AGGREGATED_MESSAGES,
+    NODE_LATENTS,
+    scan_steps,
+    stage_checkpoint,
+)
+from gclab.model.layers import (
+    GNNParams,
+    edge_messages,
+    embed_edges,
+    mlp,
+    mlp_concat,
+    node_side,
+)
+
+Array = jax.Array
+
+
+class GraphInputs(NamedTuple):
+    """Static graph arrays the network consumes (a pytree; jit arguments or constants)."""
+
+    grid_nodes: Array  # [Ng, 3] structural grid-node features
+    mesh_nodes: Array  # [Nm, 3] structural mesh-node features
+    g2m_senders: Array  # [E_g2m] int32 grid-node index
+    g2m_receivers: Array  # [E_g2m] int32 mesh-node index
+    g2m_edges: Array  # [E_g2m, 4]
+    mesh_senders: Array  # [E_mesh] int32
+    mesh_receivers: Array  # [E_mesh] int32
+    mesh_edges: Array  # [E_mesh, 4]
+    m2g_senders: Array  # [E_m2g = 3 Ng] int32 mesh-node index
+    m2g_receivers: Array  # [E_m2g] int32 grid-node index, == repeat(arange(Ng), 3)
+    m2g_edges: Array  # [E_m2g, 4]
+
+
+def graph_inputs_from_arrays(
+    grid_node_features, mesh_node_features,
+    g2m_senders, g2m_receivers, g2m_features,
+    mesh_senders, mesh_receivers, mesh_features,
+    m2g_senders, m2g_receivers, m2g_features,
+) -> GraphInputs:
+    """Checks raw graph arrays and packs them as `GraphInputs` (float32 / int32).
+
+    Raises:
+      ValueError: shapes that do not fit together, indices out of range, or mesh2grid
+        edges not grouped as three per grid node in grid-node order.
+    """
+    gn = np.asarray(grid_node_features, np.float32)
+    mn = np.asarray(mesh_node_features, np.float32)
+    ng, nm = gn.shape[0], mn.shape[0]
+    for name, a in (("grid_node_features", gn), ("mesh_node_features", mn)):
+        if a.ndim != 2 or a.shape[1] != STRUCTURAL_NODE_FEATURES:
+            raise ValueError(f"{name} must have shape [N, {STRUCTURAL_NODE_FEATURES}], "
+                             f"got {a.shape}")
+    sets = []
+    for name, s, r, f, n_send, n_recv in (
+            ("grid2mesh", g2m_senders, g2m_receivers, g2m_features, ng, nm),
+            ("mesh", mesh_senders, mesh_receivers, mesh_features, nm, nm),
+            ("mesh2grid", m2g_senders, m2g_receivers, m2g_features, nm, ng)):
+        s = np.asarray(s)
+        r = np.asarray(r)
+        f = np.asarray(f, np.float32)
+        if s.ndim != 1 or s.shape != r.shape or f.shape != (s.shape[0], STRUCTURAL_EDGE_FEATURES):
+            raise ValueError(
+                f"{name} edges: senders {s.shape}, receivers {r.shape} and features {f.shape} "
+                f"must be [E], [E] and [E, {STRUCTURAL_EDGE_FEATURES}]")
+        if s.size and (s.min() < 0 or s.max() >= n_send or r.min() < 0 or r.max() >= n_recv):
+            raise ValueError(f"{name} edges: indices out of range (senders < {n_send}, "
+                             f"receivers < {n_recv})")
+        sets += [s.astype(np.int32), r.astype(np.int32), f]
+    if not np.array_equal(sets[7], np.repeat(np.arange(ng, dtype=np.int32), 3)):
+        raise ValueError("mesh2grid edges must be three per grid node, grouped by grid node "
+                         "in ascending order (receivers == repeat(arange(Ng), 3))")
+    return GraphInputs(jnp.asarray(gn), jnp.asarray(mn), *map(jnp.asarray, sets))
+
+
+def graph_inputs(graphs) -> GraphInputs:
+    """`GraphInputs` from a `gclab.geometry.graphs.Graphs`."""
+    return graph_inputs_from_arrays(
+        graphs.grid_node_features, graphs.mesh_node_features,
+        graphs.grid2mesh.senders, graphs.grid2mesh.receivers, graphs.grid2mesh.features,
+        graphs.mesh.senders, graphs.mesh.receivers, graphs.mesh.features,
+        graphs.mesh2grid.senders, graphs.mesh2grid.receivers, graphs.mesh2grid.features)
+
+
+def graph_input_shapes(num_grid_nodes: int, num_mesh_nodes: int, num_g2m_edges: int,
+                       num_mesh_edges: int) -> GraphInputs:
+    """`GraphInputs` as `jax.ShapeDtypeStruct`s (for compiling from shapes alone)."""
+    f32, i32 = jnp.float32, jnp.int32
+    sds = jax.ShapeDtypeStruct
+    e_m2g = 3 * num_grid_nodes
+    return GraphInputs(
+        sds((num_grid_nodes, 3), f32), sds((num_mesh_nodes, 3), f32),
+        sds((num_g2m_edges,), i32), sds((num_g2m_edges,), i32), sds((num_g2m_edges, 4), f32),
+        sds((num_mesh_edges,), i32), sds((num_mesh_edges,), i32), sds((num_mesh_edges, 4), f32),
+        sds((e_m2g,), i32), sds((e_m2g,), i32), sds((e_m2g, 4), f32))
+
+
+# ----------------------------------------------------------------------------------------
+# Parameters (Haiku modules with the official names).
+
+
+def _all_params(cfg: ModelConfig, data_channels: int, output_channels: int) -> dict:
+    """Every parameter of the network, grouped by GNN and block."""
+    L, S, F = cfg.latent_size, cfg.processor_steps, data_channels + STRUCTURAL_NODE_FEATURES
+    e = STRUCTURAL_EDGE_FEATURES
+    enc = GNNParams(name="grid2mesh_gnn")([
+        ("encoder_nodes_grid_nodes", dict(in_dim=F, cfg=cfg)),
+        ("encoder_nodes_mesh_nodes", dict(in_dim=F, cfg=cfg)),
+        ("encoder_edges_grid2mesh", dict(in_dim=e, cfg=cfg)),
+        ("processor_edges_0_grid2mesh", dict(in_dim=3 * L, cfg=cfg)),
+        ("processor_nodes_0_mesh_nodes", dict(in_dim=2 * L, cfg=cfg)),
+        ("processor_nodes_0_grid_nodes", dict(in_dim=L, cfg=cfg)),
+    ])
+    proc = GNNParams(name="mesh_gnn")([
+        ("encoder_edges_mesh", dict(in_dim=e, cfg=cfg)),
+        ("processor_edges_mesh", dict(in_dim=3 * L, cfg=cfg, stack=S)),
+        ("processor_nodes_mesh_nodes", dict(in_dim=2 * L, cfg=cfg, stack=S)),
+    ])
+    dec = GNNParams(name="mesh2grid_gnn")([
+        ("encoder_edges_mesh2grid", dict(in_dim=e, cfg=cfg)),
+        ("processor_edges_0_mesh2grid", dict(in_dim=3 * L, cfg=cfg)),
+        ("processor_nodes_0_grid_nodes", dict(in_dim=2 * L, cfg=cfg)),
+        ("processor_nodes_0_mesh_nodes", dict(in_dim=L, cfg=cfg)),
+        ("decoder_nodes_grid_nodes", dict(in_dim=L, cfg=cfg, out_dim=output_channels,
+                                          layer_norm=False)),
+    ])
+    return {"encoder": enc, "processor": proc, "decoder": dec}
+
+
+# ----------------------------------------------------------------------------------------
+# Pure building blocks.
+
+
+def grid_latents(P: dict, grid_features: Array, inputs: Array) -> Array:
+    """Embedded grid nodes [n, B, L] from their inputs [n, B, C] and features [n, 3]."""
+    n, batch, _ = inputs.shape
+    feat = jnp.broadcast_to(grid_features.astype(inputs.dtype)[:, None], (n, batch, 3))
+    return mlp_concat(P["encoder_nodes_grid_nodes"], [inputs, feat])  # [n, B, L]
+
+
+def encoder(P: dict, graph: GraphInputs, inputs: Array, mem: MemoryConfig):
+    """grid2mesh GNN: embeds grid/mesh nodes and g2m edges, one interaction step.
+
+    Returns grid latents [Ng, B, L] (they skip the processor) and mesh latents [Nm, B, L].
+    With `stream_grid_nodes`, grid latents are never formed for all nodes at once: the
+    edge blocks embed the grid nodes they need, and the returned grid latents are None
+    (the decoder recomputes them block by block).
+    """
+    dtype = inputs.dtype
+    ng, batch, channels = inputs.shape
+    nm = graph.mesh_nodes.shape[0]
+    mesh_in = jnp.concatenate([jnp.zeros((nm, channels), dtype),
+                               graph.mesh_nodes.astype(dtype)], axis=-1)  # [Nm, C+3]
+    mesh = mlp(P["encoder_nodes_mesh_nodes"], mesh_in)  # [Nm, L], batch-independent
+    mesh = jnp.broadcast_to(mesh[:, None], (nm, batch, mesh.shape[-1]))  # [Nm, B, L]
+    edge_p = P["processor_edges_0_grid2mesh"]
+    gam = mem.gather_after_matmul
+    mesh_side = node_side(edge_p, mesh, "receiver", gam)  # [Nm, B, L]
+    if mem.stream_grid_nodes:
+        grid = None
+    else:
+        grid = grid_latents(P, graph.grid_nodes, inputs)  # [Ng, B, L]
+    if mem.edge_block_size is None:
+        edges = embed_edges(P["encoder_edges_grid2mesh"], graph.g2m_edges, batch, dtype)
+        grid_side = node_side(edge_p, grid, "sender", gam)  # [Ng, B, L]
+        messages = edge_messages(edge_p, edges, grid_side[graph.g2m_senders],
+                                 mesh_side[graph.g2m_receivers], (gam, gam))  # [E, B, L]
+        # The encoder always sums in float32 (many grid nodes per mesh node near the poles).
+        incoming = aggregate(messages, graph.g2m_receivers, nm, True)  # [Nm, B, L]
+    else:
+        grid_side = None if grid is None else node_side(edge_p, grid, "sender", gam)
+        incoming = _blocked_encoder_sum(P, graph, inputs, grid_side, mesh_side, mem)
+    mesh = mesh + mlp_concat(P["processor_nodes_0_mesh_nodes"], [mesh, incoming])
+    if grid is not None:
+        grid = grid + mlp(P["processor_nodes_0_grid_nodes"], grid)
+    return grid, mesh
+
+
+def _blocked_encoder_sum(P, graph, inputs, grid_side, mesh_side, mem) -> Array:
+    """Sum of incoming g2m messages over blocks of edges, each block checkpointed.
+
+    With `grid_side` None (streamed grid nodes), each block embeds its senders' grid
+    latents from their inputs, so no `[Ng, B, L]` array exists.
+    """
+    nm, batch, latent = mesh_side.shape
+    dtype = mesh_side.dtype
+    n_edges = graph.g2m_senders.shape[0]
+    bs = balanced_block(n_edges, mem.edge_block_size)
+    edge_p = P["processor_edges_0_grid2mesh"]
+    gam = mem.gather_after_matmul
+    valid = split_blocks(jnp.ones((n_edges,), dtype), bs)  # [nb, bs]
+    senders = split_blocks(graph.g2m_senders, bs)  # [nb, bs]
+    receivers = split_blocks(graph.g2m_receivers, bs)  # [nb, bs]
+    features = split_blocks(graph.g2m_edges, bs)  # [nb, bs, 4]
+
+    def block_messages(operands, senders, receivers, features):
+        grid_side, mesh_side, inputs = operands
+        edges = embed_edges(P["encoder_edges_grid2mesh"], features, batch, dtype)
+        if grid_side is None:  # embed the senders here: [bs, B, L]
+            sender_rows = grid_latents(P, graph.grid_nodes[senders], inputs[senders])
+            sender_projected = False
+        else:
+            sender_rows, sender_projected = grid_side[senders], gam
+        return edge_messages(edge_p, edges, sender_rows, mesh_side[receivers],
+                             (sender_projected, gam))  # [bs, B, L]
+
+    total = blocked_sum(block_messages, (grid_side, mesh_side, inputs), senders, receivers,
+                        (features,), valid, nm, (batch, latent))
+    return total.astype(dtype)  # [Nm, B, L]
+
+
+def _block_messages(gam: bool, operands, edges, senders, receivers) -> Array:
+    """Messages of one block of processor edges: [bs, B, L]."""
+    p, sides = operands
+    return edge_messages(p, edges, sides[0][senders], sides[1][receivers], (gam, gam))
+
+
+def processor(P: dict, graph: GraphInputs, mesh: Array, mem: MemoryConfig) -> Array:
+    """Mesh GNN: embeds multimesh edges, then S unshared interaction steps (a scan)."""
+    nm, batch, _ = mesh.shape
+    dtype = mesh.dtype
+    senders, receivers = graph.mesh_senders, graph.mesh_receivers
+    stacked = {"edges": P["processor_edges_mesh"], "nodes": P["processor_nodes_mesh_nodes"]}
+    f32_sum = mem.float32_aggregation
+    blocked = mem.processor_edge_blocks
+    if not blocked:
+        edges = embed_edges(P["encoder_edges_mesh"], graph.mesh_edges, batch, dtype)  # [E,B,L]
+    else:
+        bs = balanced_block(senders.shape[0], mem.edge_block_size)
+        valid = split_blocks(jnp.ones(senders.shape, dtype), bs)  # [nb, bs]
+        senders, receivers = split_blocks(senders, bs), split_blocks(receivers, bs)  # [nb, bs]
+        # Embedded block by block, so that the embedding's backward is blockwise too.
+        embed = jax.checkpoint(
+            lambda f: embed_edges(P["encoder_edges_mesh"], f, batch, dtype))  # [bs, B, L]
+        _, edges = jax.lax.scan(lambda c, f: (c, embed(f)), None,
+                                split_blocks(graph.mesh_edges, bs))  # [nb, bs, B, L]
+
+    def step(carry, p):
+        mesh, edges = carry
+        gam = mem.gather_after_matmul
+        sides = (node_side(p["edges"], mesh, "sender", gam),
+                 node_side(p["edges"], mesh, "receiver", gam))  # [Nm, B, L] each
+        if not blocked:
+            messages = edge_messages(p["edges"], edges, sides[0][senders],
+                                     sides[1][receivers], (gam, gam))  # [E, B, L]
+            incoming = aggregate(messages, receivers, nm, f32_sum)  # [Nm, B, L]
+            edges = edges + messages
+        else:
+            edges, incoming = blocked_edge_update(
+                functools.partial(_block_messages, gam), (p["edges"], sides), edges, senders,
+                receivers, valid, nm, f32_sum)
+        incoming = checkpoint_name(incoming, AGGREGATED_MESSAGES)
+        mesh = mesh + mlp_concat(p["nodes"], [mesh, incoming])  # [Nm, B, L]
+        mesh = checkpoint_name(mesh, NODE_LATENTS)
+        return (mesh, edges), None
+
+    (mesh, _), _ = scan_steps(step, (mesh, edges), stacked, mem)
+    return mesh
+
+
+def decoder(P: dict, graph: GraphInputs, grid: Optional[Array], mesh: Array,
+            mem: MemoryConfig, P_enc: Optional[dict] = None,
+            inputs: Optional[Array] = None) -> Array:
+    """mesh2grid GNN: embeds m2g edges, one interaction step, then the output MLP.
+
+    Returns [Ng, B, O]. The mesh-node update of this GNN is computed (its parameters
+    exist, as in the official model) and discarded: it has no effect on the outputs.
+    With streamed grid nodes (`grid` None), each block of grid nodes is embedded and
+    updated from `inputs` with the encoder's parameters `P_enc` first.
+    """
+    f32_sum = mem.float32_aggregation
+    _ = mesh + mlp(P["processor_nodes_0_mesh_nodes"], mesh)  # unused, as in the official code
+    if mem.edge_block_size is None:
+        ng, batch, _ = grid.shape
+        edge_p = P["processor_edges_0_mesh2grid"]
+        gam = mem.gather_after_matmul
+        edges = embed_edges(P["encoder_edges_mesh2grid"], graph.m2g_edges, batch, grid.dtype)
+        messages = edge_messages(
+            edge_p, edges, node_side(edge_p, mesh, "sender", gam)[graph.m2g_senders],
+            node_side(edge_p, grid, "receiver", gam)[graph.m2g_receivers],
+            (gam, gam))  # [3Ng, B, L]
+        incoming = aggregate(messages, graph.m2g_receivers, ng, f32_sum)  # [Ng, B, L]
+        grid = grid + mlp_concat(P["processor_nodes_0_grid_nodes"], [grid, incoming])
+        return mlp(P["decoder_nodes_grid_nodes"], grid)  # [Ng, B, O]
+    return _blocked_decoder(P, graph, grid, mesh, mem, P_enc, inputs)
+
+
+def _blocked_decoder(P, graph, grid, mesh, mem, P_enc, inputs) -> Array:
+    """The decoder over blocks of grid nodes, end to end, each block checkpointed.
+
+    mesh2grid edges come three per grid node in grid-node order, so a block of `bn` grid
+    nodes owns exactly the edges `[3 g0, 3 (g0 + bn))`.
+    """
+    streamed = grid is None
+    ng, batch, _ = (inputs if streamed else grid).shape
+    dtype = mesh.dtype
+    bn = balanced_block(ng, max(1, mem.edge_block_size // 3))  # grid nodes per block
+    f32_sum = mem.float32_aggregation
+    gam = mem.gather_after_matmul
+    edge_p = P["processor_edges_0_mesh2grid"]
+    mesh_side = node_side(edge_p, mesh, "sender", gam)  # [Nm, B, L]
+    node_xs = ((split_blocks(inputs, bn), split_blocks(graph.grid_nodes, bn)) if streamed
+               else (split_blocks(grid, bn),))
+    xs = node_xs + (split_blocks(graph.m2g_senders, 3 * bn), split_blocks(graph.m2g_edges, 3 * bn))
+    local_receivers = jnp.repeat(jnp.arange(bn, dtype=jnp.int32), 3)  # [3 bn]
+
+    @jax.checkpoint
+    def block(mesh_side, *x):
+        if streamed:
+            block_inputs, block_features, senders, features = x
+            grid = grid_latents(P_enc, block_features, block_inputs)  # [bn, B, L]
+            grid = grid + mlp(P_enc["processor_nodes_0_grid_nodes"], grid)
+        else:
+            grid, senders, features = x
+        edges = embed_edges(P["encoder_edges_mesh2grid"], features, batch, dtype)
+        receiver_rows = node_side(edge_p, grid, "receiver", gam)[local_receivers]
+        messages = edge_messages(edge_p, edges, mesh_side[senders], receiver_rows,
+                                 (gam, gam))  # [3 bn, B, L]
+        incoming = aggregate(messages, local_receivers, bn, f32_sum)  # [bn, B, L]
+        grid = grid + mlp_concat(P["processor_nodes_0_grid_nodes"], [grid, incoming])
+        return mlp(P["decoder_nodes_grid_nodes"], grid)  # [bn, B, O]
+
+    _, out = jax.lax.scan(lambda c, x: (c, block(mesh_side, *x)), None, xs)
+    return out.reshape((-1,) + out.shape[2:])[:ng]  # [Ng, B, O]
+
+
+def graphcast_forward(P: dict, graph: GraphInputs, inputs: Array, mem: MemoryConfig) -> Array:
+    """The whole network on grouped parameters `P` (see `_all_params`). [Ng,B,C] -> [Ng,B,O]."""
+    dtype = compute_dtype(mem.precision)
+    P = cast_tree(P, dtype)  # parameters stay float32; gradients come back float32
+    inputs = inputs.astype(dtype)
+
+    def run_encoder(P_enc, graph, inputs):
+        with jax.named_scope("encoder"):
+            return encoder(P_enc, graph, inputs, mem)
+
+    def run_decoder(P_dec, graph, grid, mesh, P_enc, inputs):
+        with jax.named_scope("decoder"):
+            return decoder(P_dec, graph, grid, mesh, mem, P_enc, inputs)
+
+    if mem.checkpoint_encoder:
+        run_encoder = stage_checkpoint(run_encoder)
+    if mem.checkpoint_decoder:
+        run_decoder = stage_checkpoint(run_decoder)
+    grid, mesh = run_encoder(P["encoder"], graph, inputs)
+    with jax.named_scope("processor"):
+        mesh = processor(P["processor"], graph, mesh, mem)
+    if mem.stream_grid_nodes:
+        out = run_decoder(P["decoder"], graph, None, mesh, P["encoder"], inputs)
+    else:
+        out = run_decoder(P["decoder"], graph, grid, mesh, None, None)
+    return out.astype(jnp.float32)
+
+
+def make_network(model: ModelConfig, data_channels: int, output_channels: int,
+                 memory: Optional[MemoryConfig] = None) -> hk.Transformed:
+    """The GraphCast network as a Haiku transform without apply RNG.
+
+    Args:
+      model: geometry and network config (only the network fields are used here; the
+        graphs come in as `GraphInputs`).
+      data_channels: C, data channels per grid node (the 3 structural features are
+        appended by the network).
+      output_channels: O.
+      memory: memory techniques (default: none).
+
+    Returns:
+      `net` with `net.init(rng, graph, inputs)` and `net.apply(params, graph, inputs)`,
+      `inputs` [Ng, B, C] -> outputs [Ng, B, O] float32.
+    """
+    for name, v in (("data_channels", data_channels), ("output_channels", output_channels)):
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+            raise ValueError(f"{name}={v!r} is invalid: an integer >= 1.")
+    mem = memory or MemoryConfig()
+
+    def forward(graph: GraphInputs, inputs: Array) -> Array:
+        if inputs.ndim != 3 or inputs.shape[-1] != data_channels:
+            raise ValueError(f"inputs must have shape [Ng, B, {data_channels}], "
+                             f"got {tuple(inputs.shape)}")
+        if inputs.shape[0] != graph.grid_nodes.shape[0]:
+            raise ValueError(f"inputs have {inputs.shape[0]} grid nodes, the graph has "
+                             f"{graph.grid_nodes.shape[0]}")
+        P = _all_params(model, data_channels, output_channels)
+        return graphcast_forward(P, graph, inputs, mem)
+
+    return hk.without_apply_rng(hk.transform(forward))
+
+
+def count_params(params) -> int:
+    """Number of scalars in a parameter tree."""
+    return int(sum(np.prod(a.shape) for a in jax.tree_util.tree_leaves(params)))
+
+
+def param_shapes(model: ModelConfig, data_channels: int, output_channels: int):
+    """Parameter shapes (`jax.ShapeDtypeStruct`) without allocating anything."""
+    net = make_network(model, data_channels, output_channels)
+    ng, nm = 2, 2  # parameter shapes do not depend on the graph
+    graph = graph_input_shapes(ng, nm, 1, 1)
+    inputs = jax.ShapeDtypeStruct((ng, 1, data_channels), jnp.float32)
+    return jax.eval_shape(net.init, jax.random.PRNGKey(0), graph, inputs)

@@ -1,0 +1,327 @@
+"""Memory planner: the technique settings that fit a budget with the least recomputation.
+
+`plan(budget, model, task)` walks a ladder of `MemoryConfig`s ordered by recompute cost
+
+  none -> ratio:r (a small MILP picks how many steps to checkpoint) -> per-step ->
+  every:k / nested:k -> + edge blocks -> + processor edge blocks -> + gather after
+  matmul -> lean (streamed grid nodes),
+
+predicts each one's peak with the analytical model (`gclab.sizing.analytical`), takes the cheapest
+that fits, and, where compiling is quick, verifies it with XLA's compiled figure
+(`gclab.sizing.train_step_memory`), stepping down the ladder until a compiled figure
+fits. With compiled figures in use, the returned setting's compiled figure never
+exceeds the usable budget (`headroom x budget`).
+
+Shapes: B batch, S processor steps, L latent, Ng grid nodes, Nm mesh nodes, E edges.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+import re
+from typing import Any, Union
+
+import numpy as np
+import pandas as pd
+from scipy.optimize import Bounds, LinearConstraint, milp
+
+from gclab.config import ModelConfig, TaskConfig, is_number
+from gclab.devices import CARDS, FIT_MARGIN, card_usable_bytes
+from gclab.measure.compiled import format_bytes
+from gclab.memory.config import PRECISIONS, RECIPES, MemoryConfig
+from gclab.sizing import analytical
+from gclab.sizing.step import StepSpec, train_step_memory
+
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+#: Largest budget accepted: 1 PiB, over ten thousand times the largest card in `CARDS`.
+MAX_BUDGET = 2**50
+BUDGET_HELP = ("a number of bytes (e.g. 1000000), a number with a unit (B, KB, MB, GB, TB "
+               "for powers of 1000; KiB, MiB, GiB, TiB for powers of 1024; e.g. '16GiB', "
+               "'12GB', '500MiB'), or a card (its usable memory): " + ", ".join(CARDS)
+               + "; from 1 B to 1 PiB")
+#: Auto mode compiles only grids up to this many nodes (2 deg: 16,380; 1 deg takes tens
+#: of seconds per compile, 0.25 deg minutes).
+AUTO_COMPILE_MAX_GRID_NODES = 70_000  # up to 1 deg: a compile takes seconds
+#: Edge block sizes of the ladder.
+EDGE_BLOCK = 65536
+
+
+class NothingFits(ValueError):
+    """No candidate setting fits the budget."""
+
+
+def parse_budget(budget: Union[int, float, str]) -> int:
+    """Usable bytes of a budget: a number, a string with a unit, or a card name.
+
+    A card name gives the card's usable memory (`gclab.devices.card_usable_bytes`: JAX's
+    pool, 0.75 of the card unless ``XLA_PYTHON_CLIENT_MEM_FRACTION`` says otherwise).
+
+    Raises:
+      ValueError: an unknown card, unit or malformed string (names the accepted forms).
+    """
+    value = None
+    if is_number(budget):
+        value = float(budget)
+    elif isinstance(budget, str):
+        text = budget.strip()
+        for name in CARDS:
+            if text.lower() == name.lower():
+                return card_usable_bytes(name)
+        m = re.fullmatch(r"(\d+(?:\.\d*)?|\.\d+)(?:[eE](\d+))?\s*([A-Za-z]*)", text)
+        if m and m.group(3).upper() in _UNITS:
+            value = float(m.group(1) + (f"e{m.group(2)}" if m.group(2) else ""))
+            value *= _UNITS[m.group(3).upper()]
+    if value is None or not 1 <= value <= MAX_BUDGET:  # NaN and inf fail too
+        raise ValueError(f"bad budget {budget!r}; accepted: {BUDGET_HELP}")
+    return int(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """The chosen setting and how it was chosen.
+
+    Attributes:
+      memory: the chosen techniques.
+      label: a short name of the setting.
+      predicted_peak_bytes: its peak (compiled total, or the modelled total).
+      source: `compiled` or `modelled`.
+      recompute_fraction: extra forward FLOPs over one forward pass.
+      budget_bytes: the budget: usable memory (for a card, JAX's pool on it).
+      usable_bytes: `headroom x budget` (`gclab.devices.FIT_MARGIN` by default), what the
+        peak must stay under.
+      candidates: every candidate considered (label, modelled and compiled bytes, recompute,
+        fits), cheapest recompute first.
+      model: the model.
+      task: the task.
+      batch: B.
+      rollout: T.
+      milp: what the mixed-integer problem chose (steps checkpointed, edge blocks).
+    """
+    memory: MemoryConfig
+    label: str
+    predicted_peak_bytes: int
+    source: str
+    recompute_fraction: float
+    budget_bytes: int
+    usable_bytes: int
+    candidates: pd.DataFrame
+    model: ModelConfig
+    task: TaskConfig
+    batch: int
+    rollout: int
+    milp: dict
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-able summary."""
+        return {"label": self.label, "memory": dataclasses.asdict(self.memory),
+                "predicted_peak_bytes": self.predicted_peak_bytes, "source": self.source,
+                "recompute_fraction": self.recompute_fraction,
+                "budget_bytes": self.budget_bytes, "usable_bytes": self.usable_bytes,
+                "milp": self.milp,
+                "candidates": json_records(self.candidates)}
+
+    def explain(self) -> str:
+        """The choice in words."""
+        m = self.model
+        lines = [
+            f"Usable memory {format_bytes(self.budget_bytes)} (a plan may take "
+            f"{format_bytes(self.usable_bytes)}) for {m.resolution:g} deg / "
+            f"{m.mesh_splits} splits, {m.processor_steps} x {m.latent_size}, "
+            f"{self.task.num_levels} levels, batch {self.batch}, rollout {self.rollout}.",
+            f"Chosen: {self.label} (processor remat {self.memory.remat_spec}"
+            + (f", edge blocks of {self.memory.edge_block_size}"
+               if self.memory.edge_block_size else "")
+            + (", gather after matmul" if self.memory.gather_after_matmul else "")
+            + (", streamed grid nodes" if self.memory.stream_grid_nodes else "") + ").",
+            f"Predicted peak {format_bytes(self.predicted_peak_bytes)} ({self.source}), "
+            f"about {100 * self.recompute_fraction:.0f}% extra forward FLOPs.",
+        ]
+        cheaper = self.candidates[self.candidates["recompute"] < self.recompute_fraction - 1e-9]
+        if len(cheaper):
+            lines.append("Cheaper settings did not fit: " + ", ".join(
+                f"{r.label} ({format_bytes(r.peak_bytes)})" for r in cheaper.itertuples()) + ".")
+        if self.milp.get("status") == "infeasible":
+            lines.append("No mix of checkpointed processor steps and edge blocks fits by the "
+                         "formula (the MILP is infeasible); the settings above come from the "
+                         "ladder.")
+        elif self.milp:
+            lines.append(f"The MILP checkpoints {self.milp.get('steps', 0)} of "
+                         f"{m.processor_steps} processor steps"
+                         + (" with edge blocks" if self.milp.get("edge_blocks") else "")
+                         + f" ({self.milp.get('status', '')}).")
+        return "\n".join(lines)
+
+
+def json_records(df: pd.DataFrame) -> list:
+    """DataFrame rows as JSON-able dicts (NaN as None)."""
+    return [{k: (None if isinstance(v, float) and math.isnan(v) else
+                 v.item() if hasattr(v, "item") else v) for k, v in r.items()}
+            for r in df.to_dict(orient="records")]
+
+
+def _ladder(S: int, precision: str) -> list[tuple[str, MemoryConfig]]:
+    """The candidate settings (before the MILP's ratio), least recompute first."""
+    base = MemoryConfig(precision=precision)
+    blocks = dict(edge_block_size=EDGE_BLOCK)
+    out = [("none", base), ("per-step", base.replace(processor_remat="step"))]
+    for k in sorted({2, 3, 4} & set(range(2, S + 1))):
+        out.append((f"every:{k}", base.replace(processor_remat="every", remat_group_size=k)))
+        out.append((f"nested:{k}", base.replace(processor_remat="nested", remat_group_size=k)))
+    step = base.replace(processor_remat="step")
+    out += [
+        ("per-step+blocks", step.replace(**blocks)),
+        ("per-step+blocks+ckpt", step.replace(checkpoint_encoder=True,
+                                              checkpoint_decoder=True, **blocks)),
+        ("per-step+all-blocks", step.replace(processor_edge_blocks=True, **blocks)),
+        ("per-step+all-blocks+gam", step.replace(processor_edge_blocks=True,
+                                                 gather_after_matmul=True, **blocks)),
+        ("deepmind", RECIPES["deepmind"].replace(precision=precision)),
+        ("lean", RECIPES["lean"].replace(precision=precision)),
+    ]
+    return out
+
+
+def _milp(model, task, counts, usable, batch, rollout, precision, u):
+    """Which steps to checkpoint (and whether to use edge blocks) at least recompute.
+
+    Variables: x_i in {0, 1} checkpoints processor step i; y in {0, 1} turns on the
+    encoder/decoder edge blocks. Memory is linear in them (from the analytical model:
+    each checkpointed step trades its internals for its boundary; blocks remove the
+    encoder/decoder edge internals); cost is the recomputed forward FLOPs.
+
+    Returns:
+      `(memory_config or None, info)`.
+    """
+    S = model.processor_steps
+    base = MemoryConfig(precision=precision)
+
+    def total(mem):
+        return analytical.estimate(model, task, mem, batch=batch, rollout=rollout,
+                                   counts=counts, activation_bytes=u).total_bytes
+
+    m0 = total(base)
+    per_step = (total(base.replace(processor_remat="step")) - m0) / S  # < 0
+    blocks_mem = base.replace(edge_block_size=EDGE_BLOCK)
+    d_blocks = total(blocks_mem) - m0
+    flops = analytical.stage_flops(model, task, counts, batch)
+    f_blocks = analytical.recompute_flops(model, task, blocks_mem, counts, batch)
+    c = np.array([flops["processor_step"]] * S + [f_blocks]) / flops["forward"]
+    a = np.array([per_step] * S + [d_blocks])
+    # Symmetry: checkpoint the first steps (x_i >= x_{i+1}), as `ratio` does.
+    rows = [a]
+    lo, hi = [-np.inf], [usable - m0]
+    for i in range(S - 1):
+        r = np.zeros(S + 1)
+        r[i], r[i + 1] = 1, -1
+        rows.append(r)
+        lo.append(0)
+        hi.append(np.inf)
+    res = milp(c, constraints=LinearConstraint(np.array(rows), lo, hi),
+               integrality=np.ones(S + 1), bounds=Bounds(0, 1))
+    if res.x is None:
+        return None, {"status": "infeasible"}
+    x = np.round(res.x).astype(int)
+    n, y = int(x[:S].sum()), bool(x[S])
+    mem = base
+    if n:
+        mem = mem.replace(processor_remat="ratio", remat_ratio=n / S) if n < S else \
+            mem.replace(processor_remat="step")
+    if y:
+        mem = mem.replace(edge_block_size=EDGE_BLOCK)
+    return mem, {"status": "optimal", "steps": n, "edge_blocks": y,
+                 "recompute": float(res.fun)}
+
+
+@functools.lru_cache(maxsize=256)
+def _compiled_total(model: ModelConfig, task: TaskConfig, mem: MemoryConfig, batch: int,
+                    rollout: int) -> int:
+    return train_step_memory(StepSpec(model, task, mem, batch, rollout)).total_bytes
+
+
+def plan(budget: Union[int, float, str], model: ModelConfig, task: TaskConfig, *,
+         batch: int = 1, rollout: int = 1, precision: str = "f32",
+         use_compiled: Union[bool, str] = "auto", headroom: float = FIT_MARGIN) -> Plan:
+    """The memory techniques that fit `budget` with the least recomputation.
+
+    Args:
+      budget: usable bytes, a string such as '16GiB' / '12GB' / '500MiB', or a card in
+        `CARDS` (its usable memory).
+      model: geometry and network.
+      task: channels.
+      batch: B.
+      rollout: T.
+      precision: `f32` or `bf16`.
+      use_compiled: True: verify with compiled figures (XLA on this machine); False: the
+        analytical model only; `auto`: compiled where the grid has at most
+        `AUTO_COMPILE_MAX_GRID_NODES` nodes.
+      headroom: the fraction of the budget a peak may use (`gclab.devices.FIT_MARGIN`).
+
+    Returns:
+      A `Plan`.
+
+    Raises:
+      NothingFits: no candidate fits (the message gives the smallest requirement found).
+      ValueError: a bad budget or argument.
+    """
+    total = parse_budget(budget)
+    analytical.check_step_arguments(model, task, MemoryConfig(), batch, rollout, "plan")
+    if precision not in PRECISIONS:
+        raise ValueError(f"plan: precision={precision!r} is invalid: one of "
+                         + ", ".join(PRECISIONS))
+    if not is_number(headroom) or not 0 < headroom <= 1:
+        raise ValueError(f"headroom={headroom!r} is invalid: a number in (0, 1]")
+    if use_compiled not in (True, False, "auto"):
+        raise ValueError(f"use_compiled={use_compiled!r} is invalid: True, False or 'auto'")
+    usable = int(headroom * total)
+    compiled = (model.num_grid_nodes <= AUTO_COMPILE_MAX_GRID_NODES
+                if use_compiled == "auto" else bool(use_compiled))
+    counts = analytical.GraphCounts.for_model(model)
+    # XLA:CPU upcasts bfloat16, so compiled figures here are float32-sized.
+    u = 4 if compiled or precision == "f32" else 2
+
+    cands = _ladder(model.processor_steps, precision)
+    milp_mem, milp_info = _milp(model, task, counts, usable, batch, rollout, precision, u)
+    if milp_mem is not None and all(milp_mem != m for _, m in cands):
+        cands.insert(1, (f"milp({milp_mem.remat_spec}"
+                         + (",blocks" if milp_mem.edge_block_size else "") + ")", milp_mem))
+    rows = []
+    for label, mem in cands:
+        e = analytical.estimate(model, task, mem, batch=batch, rollout=rollout, counts=counts,
+                                activation_bytes=u)
+        rows.append({"label": label, "memory": mem, "modelled_bytes": e.total_bytes,
+                     "recompute": e.recompute_fraction, "compiled_bytes": np.nan})
+    rows.sort(key=lambda r: (round(r["recompute"], 6), r["modelled_bytes"]))
+
+    chosen = None
+    for r in rows:
+        if compiled:
+            if r["modelled_bytes"] > 1.5 * usable:  # the model is rarely this far off
+                continue
+            r["compiled_bytes"] = _compiled_total(model, task, r["memory"], batch, rollout)
+            if r["compiled_bytes"] <= usable:
+                chosen = r
+                break
+        elif r["modelled_bytes"] <= usable:
+            chosen = r
+            break
+    table = pd.DataFrame([{k: v for k, v in r.items() if k != "memory"} for r in rows])
+    table["peak_bytes"] = table["compiled_bytes"].where(table["compiled_bytes"].notna(),
+                                                        table["modelled_bytes"])
+    table["fits"] = table["peak_bytes"] <= usable
+    if chosen is None:
+        smallest = table["peak_bytes"].min()
+        if compiled and table["compiled_bytes"].notna().any():
+            smallest = table["compiled_bytes"].min()
+        raise NothingFits(
+            f"nothing fits: the smallest requirement found is {format_bytes(smallest)} "
+            f"({'compiled' if compiled else 'modelled'}) but the usable budget is "
+            f"{format_bytes(usable)} ({headroom:g} x {format_bytes(total)})")
+    peak = chosen["compiled_bytes"] if compiled else chosen["modelled_bytes"]
+    return Plan(memory=chosen["memory"], label=chosen["label"],
+                predicted_peak_bytes=int(peak), source="compiled" if compiled else "modelled",
+                recompute_fraction=float(chosen["recompute"]), budget_bytes=total,
+                usable_bytes=usable, candidates=table, model=model, task=task, batch=batch,
+                rollout=rollout, milp=milp_info)

@@ -1,0 +1,308 @@
+"""One training step of any configuration, from shapes alone: compiled memory, timeline.
+
+A `StepSpec` names a model, a task, the memory techniques, a batch size and a rollout
+length. `train_step_memory(spec)` compiles one full training step (loss + gradients +
+AdamW update, via `gclab.training`) from `jax.ShapeDtypeStruct`s, so nothing is allocated
+and the 0.25 deg model can be sized on a laptop; only the graphs are built (cached on disk).
+
+Shapes: B batch, Ng grid nodes, C data channels, O outputs, T rollout steps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from gclab import training
+from gclab.config import MAX_INT32, ModelConfig, TaskConfig, is_int
+from gclab.geometry.graphs import Graphs, graphs_for
+from gclab.limits import MAX_PLANNED_BYTES, host_memory_bytes, require_fits
+from gclab.measure.compiled import CompiledMemory, compile_timed, memory_of_compiled
+from gclab.measure.timeline import compile_with_timeline
+from gclab.memory.config import MemoryConfig, recipe_name
+from gclab.model.graphcast import graph_inputs, make_network, param_shapes
+from gclab.sizing.analytical import GraphCounts, estimate, param_count
+
+
+@dataclasses.dataclass(frozen=True)
+class StepSpec:
+    """One training step: model, task, memory techniques, batch size, rollout length.
+
+    Batch and rollout are integers in 1..`MAX_INT32` (numpy integers are stored as int).
+    """
+    model: ModelConfig
+    task: TaskConfig
+    memory: MemoryConfig = MemoryConfig()
+    batch: int = 1
+    rollout: int = 1
+
+    def __post_init__(self) -> None:
+        for field, kind in (("model", ModelConfig), ("task", TaskConfig),
+                            ("memory", MemoryConfig)):
+            v = getattr(self, field)
+            if not isinstance(v, kind):
+                raise ValueError(f"StepSpec.{field} is invalid: a {kind.__name__}, not a "
+                                 f"{type(v).__name__}.")
+        for field in ("batch", "rollout"):
+            v = getattr(self, field)
+            if not is_int(v) or not 1 <= v <= MAX_INT32:
+                raise ValueError(f"StepSpec.{field}={v!r} is invalid: an integer >= 1 "
+                                 f"(and <= {MAX_INT32}).")
+            object.__setattr__(self, field, int(v))
+        if self.batch % self.memory.microbatches:
+            raise ValueError(f"StepSpec.batch={self.batch} is invalid: it must be a multiple "
+                             f"of MemoryConfig.microbatches={self.memory.microbatches}.")
+
+    def memory_label(self) -> str:
+        """The recipe name if the techniques equal one, else a short description."""
+        name = recipe_name(self.memory)
+        if name is not None:
+            return f"{name} ({self.memory.precision})"
+        return f"custom ({self.memory.precision}, remat {self.memory.remat_spec})"
+
+    def technique(self) -> str:
+        """Short technique label: the recipe name (`lean`, `lean/bf16`) or `custom`."""
+        name = recipe_name(self.memory) or "custom"
+        return name if self.memory.precision == "f32" else f"{name}/{self.memory.precision}"
+
+    def to_json(self) -> dict:
+        """A JSON-able dict that `StepSpec.from_json` turns back into this spec."""
+        return {"model": dataclasses.asdict(self.model), "levels": list(self.task.pressure_levels),
+                "precipitation_input": self.task.precipitation_input,
+                "memory": dataclasses.asdict(self.memory), "batch": self.batch,
+                "rollout": self.rollout}
+
+    @classmethod
+    def from_json(cls, record: dict) -> "StepSpec":
+        """The spec of a `to_json` dict.
+
+        Raises:
+          ValueError: `record` is not a `to_json` dict (missing or unknown keys, bad values).
+        """
+        try:
+            task = TaskConfig(tuple(record["levels"]), record["precipitation_input"])
+            return cls(ModelConfig(**record["model"]), task, MemoryConfig(**record["memory"]),
+                       record["batch"], record["rollout"])
+        except (KeyError, TypeError) as e:
+            raise ValueError(f"not a StepSpec.to_json() record ({type(e).__name__}: {e})"
+                             ) from None
+
+    def title(self) -> str:
+        m = self.model
+        return (f"{m.resolution:g} deg / {m.mesh_splits} splits, {m.processor_steps} x "
+                f"{m.latent_size}, {self.task.num_levels} levels, batch {self.batch}, "
+                f"rollout {self.rollout}, {self.memory_label()}")
+
+    def describe(self) -> dict:
+        """The resolved config as a flat JSON-able dict."""
+        return {**{f"model.{k}": v for k, v in dataclasses.asdict(self.model).items()},
+                "task.levels": self.task.num_levels,
+                "task.precipitation_input": self.task.precipitation_input,
+                **{f"memory.{k}": v for k, v in dataclasses.asdict(self.memory).items()},
+                "batch": self.batch, "rollout": self.rollout}
+
+
+@dataclasses.dataclass(frozen=True)
+class StepMemory(CompiledMemory):
+    """`CompiledMemory` of a training step, with the model's parameter count."""
+    num_params: int = 0
+
+
+def _abstract(tree):
+    return jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(np.shape(a), a.dtype), tree)
+
+
+def train_step_abstract(spec: StepSpec, graphs: Optional[Graphs] = None):
+    """The jittable training step and its arguments as `ShapeDtypeStruct`s.
+
+    Returns:
+      `(step_fn, (state, graph, example))`: `step_fn(state, graph, example) -> (state,
+      metrics)`, donating `state` when `spec.memory.donate`.
+    """
+    graphs = graphs if graphs is not None else graphs_for(spec.model)
+    graph = _abstract(graph_inputs(graphs))
+    net = make_network(spec.model, spec.task.data_channels, spec.task.output_channels,
+                       spec.memory)
+    optimizer = training.make_optimizer(training.TrainConfig())
+    ng = graphs.num_grid_nodes
+    example = training.example_shapes(spec.task, ng, spec.batch, spec.rollout)
+    params = param_shapes(spec.model, spec.task.data_channels, spec.task.output_channels)
+    state = jax.eval_shape(lambda p: training.init_state_from_params(p, optimizer), params)
+    weights = training.loss_weights(spec.task, graphs.grid_lat, graphs.n_lon)
+    step = training.train_step_fn(net, optimizer, spec.task, spec.memory, spec.rollout,
+                                  weights)
+    return step, (state, graph, example)
+
+
+def train_step_memory(spec: StepSpec, graphs: Optional[Graphs] = None) -> StepMemory:
+    """XLA's compiled memory of one training step of `spec`, from shapes alone."""
+    return compile_train_step(spec, graphs).memory
+
+
+def train_step_timeline(spec: StepSpec, graphs: Optional[Graphs] = None):
+    """The memory timeline (`gclab.measure.timeline.Timeline`) of one training step of `spec`."""
+    return compile_train_step(spec, graphs, timeline=True).timeline
+
+
+@dataclasses.dataclass(frozen=True)
+class CompiledStep:
+    """What one compile of a training step gives (see `compile_train_step`).
+
+    Attributes:
+      spec: the step.
+      memory: XLA's compiled memory figures.
+      timeline: the memory timeline (`gclab.measure.timeline.Timeline`), if asked for.
+      run: if asked for, a zero-argument callable that runs one real training step on
+        random state and a random batch, and blocks until it is done.
+    """
+    spec: StepSpec
+    memory: StepMemory
+    timeline: Any = None
+    run: Optional[Callable[[], None]] = None
+
+
+def estimate_step_bytes(spec: StepSpec, graphs: Optional[Graphs] = None) -> int:
+    """The modelled total bytes of one training step (`gclab.sizing.analytical.estimate`)."""
+    graphs = graphs if graphs is not None else graphs_for(spec.model)
+    counts = GraphCounts.for_model(spec.model, graphs.grid2mesh.num_edges)
+    return estimate(spec.model, spec.task, spec.memory, batch=spec.batch, rollout=spec.rollout,
+                    counts=counts, activation_bytes=4).total_bytes
+
+
+def device_memory_bytes() -> Optional[int]:
+    """Memory of the default device: its allocator's limit, or on CPU the host's memory."""
+    device = jax.devices()[0]
+    try:
+        stats = device.memory_stats() or {}
+    except Exception:  # noqa: BLE001 - some backends raise instead of returning None
+        stats = {}
+    limit = stats.get("bytes_limit")
+    return int(limit) if limit else host_memory_bytes()
+
+
+def check_step_size(spec: StepSpec, graphs: Optional[Graphs] = None) -> None:
+    """Refuses, before compiling, a step too large for XLA to plan.
+
+    Raises:
+      gclab.limits.TooLarge: the modelled total (`estimate_step_bytes`) is beyond
+        `gclab.limits.MAX_PLANNED_BYTES`, where XLA's byte counts could overflow and abort.
+    """
+    require_fits(f"one training step of {spec.title()}", estimate_step_bytes(spec, graphs),
+                 MAX_PLANNED_BYTES, "what gclab asks XLA to plan (XLA counts bytes in 64-bit "
+                 "integers and aborts on overflow)")
+
+
+def compile_train_step(spec: StepSpec, graphs: Optional[Graphs] = None, *,
+                       timeline: bool = False, live: bool = False,
+                       seed: int = 0,
+                       run_if: Optional[Callable[[StepMemory], bool]] = None) -> CompiledStep:
+    """Compiles one training step of `spec` once, for any of memory, timeline and runs.
+
+    Args:
+      spec: the step.
+      graphs: the model's graphs (built or loaded from the cache if None).
+      timeline: also read the memory timeline from XLA's buffer assignment.
+      live: compile for real arrays (random state and batch, seeded by `seed`) and
+        return a runnable step; the memory figures are the same as from shapes.
+      seed: seed of the random state and batch when `live`.
+      run_if: with `live`, a test of the compiled memory: when it returns False, nothing
+        is allocated and the returned step has no `run` (a plan that does not fit).
+
+    Returns:
+      A `CompiledStep`.
+
+    Raises:
+      gclab.limits.TooLarge: before compiling, a step too large to plan
+        (`check_step_size`); with `live`, before allocating, a compiled step larger than
+        the device's memory (`device_memory_bytes`).
+    """
+    if not isinstance(spec, StepSpec):
+        raise ValueError(f"spec must be a StepSpec, not a {type(spec).__name__}")
+    graphs = graphs if graphs is not None else graphs_for(spec.model)
+    check_step_size(spec, graphs)
+    step, args = train_step_abstract(spec, graphs)
+    donate = (0,) if spec.memory.donate else ()
+    options = None if live else plan_only_options()
+    lines = None
+    if timeline:
+        compiled, seconds, lines = compile_with_timeline(
+            step, *args, donate_argnums=donate, name=spec.memory_label(),
+            compiler_options=options)
+    else:
+        compiled, seconds = compile_timed(step, args, {}, donate_argnums=donate,
+                                          compiler_options=options)
+    m = memory_of_compiled(compiled, seconds)
+    memory = StepMemory(**dataclasses.asdict(m), num_params=param_count(spec.model, spec.task))
+    if not live or (run_if is not None and not run_if(memory)):
+        return CompiledStep(spec, memory, lines)
+    require_fits(f"running one training step of {spec.title()}", memory.total_bytes,
+                 device_memory_bytes(), f"this {jax.default_backend()} device's memory")
+    return CompiledStep(spec, memory, lines, _runner(compiled, _random_args(args, graphs, seed)))
+
+
+def plan_only_options() -> Optional[dict]:
+    """XLA options for a compile that is read, never run: on CPU, LLVM optimisation off.
+
+    ``xla_backend_optimization_level`` sets how hard LLVM optimises the generated
+    machine code; buffer assignment happens before, on the optimised HLO, so the memory
+    figures and the timeline are the same (tested for every recipe) and the compile is
+    faster. Steps compiled to run (`compile_train_step(live=True)`) keep the default.
+    """
+    return {"xla_backend_optimization_level": 0} if jax.default_backend() == "cpu" else None
+
+
+def _random_args(abstract_args, graphs: Graphs, seed: int):
+    """Real (state, graph, example): random state and batch of the abstract shapes."""
+    state_s, _, example_s = abstract_args
+    key = jax.random.PRNGKey(seed)
+
+    def fill(s):
+        nonlocal key
+        key, sub = jax.random.split(key)
+        if jnp.issubdtype(s.dtype, jnp.floating):
+            return 0.1 * jax.random.normal(sub, s.shape, s.dtype)
+        return jnp.zeros(s.shape, s.dtype)
+
+    return (jax.tree_util.tree_map(fill, state_s), graph_inputs(graphs),
+            jax.tree_util.tree_map(fill, example_s))
+
+
+def _runner(compiled, args) -> Callable[[], None]:
+    holder = {"state": args[0]}
+
+    def run():
+        holder["state"], metrics = compiled(holder["state"], *args[1:])
+        jax.block_until_ready(metrics)
+
+    return run
+
+
+def loss_grad_abstract(spec: StepSpec, graphs: Optional[Graphs] = None):
+    """`(loss_fn, (params, graph, example))` with abstract arguments, for saved residuals."""
+    graphs = graphs if graphs is not None else graphs_for(spec.model)
+    graph = _abstract(graph_inputs(graphs))
+    net = make_network(spec.model, spec.task.data_channels, spec.task.output_channels,
+                       spec.memory)
+    example = training.example_shapes(spec.task, graphs.num_grid_nodes, spec.batch,
+                                      spec.rollout)
+    params = param_shapes(spec.model, spec.task.data_channels, spec.task.output_channels)
+    weights = training.loss_weights(spec.task, graphs.grid_lat, graphs.n_lon)
+    loss = functools.partial(training.rollout_loss, net=net, task=spec.task,
+                             memory=spec.memory, rollout=spec.rollout, weights=weights)
+    return loss, (params, graph, example)
+
+
+def make_live_step(spec: StepSpec, seed: int = 0, graphs: Optional[Graphs] = None) -> Callable:
+    """A zero-argument callable that runs one real jitted training step and blocks.
+
+    It is compiled and run once before it is returned, so that timed calls measure
+    the step alone.
+    """
+    run = compile_train_step(spec, graphs, live=True, seed=seed).run
+    run()
+    return run

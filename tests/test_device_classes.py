@@ -1,0 +1,114 @@
+"""Every chapter fits every device class: what it runs live has a plan within usable memory.
+
+Without executing the notebooks: for each chapter and each device class, the configurations
+the chapter runs on the device (`gclab.notebook.live_configs`) are compiled from shapes on
+XLA:CPU, and each compiled total (arguments + outputs + temp - aliased) must be within the
+class's budget (`DeviceClass.budget_bytes`: `FIT_MARGIN` of the smallest usable memory of
+the class). Configurations a chapter runs through `run_if_fits` (guarded) may exceed it;
+they are shown as plans, and at least one of them must fit so that the chapter still has
+something to run. A chapter that would run out of memory on a T4 fails here.
+
+Cost on two cores: compiles are cached per configuration across classes (the 16, 24 and
+40 GB classes share most of theirs). Chapter 6's grid is checked through its largest cell
+(every cell has fewer steps and a smaller latent on the same geometry, so less memory; the
+``cpu`` class checks that order on its whole grid). The 0.25 deg bfloat16 step of chapter 7
+takes minutes to compile on XLA:CPU, so it is read from the recorded compiled figures
+shipped with gclab (`gclab/recordings/memory-cpu.json`), where the same step is recorded.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+from gclab.config import get_preset
+from gclab.devices import DEVICE_CLASSES, FIT_MARGIN
+from gclab.memory import get_recipe
+from gclab.notebook import SCALE_TABLE, SCALES, live_configs, run_if_fits
+from gclab.recordings import recorded
+from gclab.sizing import StepSpec, train_step_memory
+
+CHAPTERS = ("01", "02", "03", "04", "05", "06", "07")
+
+
+def _recorded_total(spec: StepSpec) -> int | None:
+    """The recorded XLA:CPU total of exactly this step, if gclab ships one."""
+    record = recorded("memory-cpu")
+    for row in record["recipes"]:
+        preset = get_preset(row["preset"])
+        if (StepSpec(preset.model, preset.task, get_recipe(row["recipe"], row["precision"]))
+                == spec):
+            return int(row["total_bytes"])
+    return None
+
+
+@functools.lru_cache(maxsize=None)
+def plan_bytes(spec: StepSpec) -> int:
+    """XLA:CPU's compiled total of one training step (recorded for 0.25 deg bfloat16)."""
+    if spec.model.resolution < 1 and spec.memory.precision == "bf16":
+        total = _recorded_total(spec)
+        assert total is not None, f"no recorded plan for {spec.title()}"
+        return total
+    return int(train_step_memory(spec).total_bytes)
+
+
+def _checked(chapter: str, configs: list) -> list:
+    """The configurations to compile: chapter 6's grid by its largest cell."""
+    if chapter != "06" or not configs:
+        return configs
+    return [max(configs, key=lambda c: (c.spec.model.processor_steps,
+                                        c.spec.model.latent_size))]
+
+
+@pytest.mark.parametrize("name", SCALES)
+@pytest.mark.parametrize("chapter", CHAPTERS)
+def test_what_a_chapter_runs_fits_every_device_class(chapter, name):
+    scale, cls = SCALE_TABLE[name], DEVICE_CLASSES[name]
+    configs = live_configs(chapter, scale)
+    if chapter in ("02", "04") or (chapter == "07" and scale != "big"):
+        assert configs == []  # compiled from shapes only at this scale
+        return
+    assert configs, f"chapter {chapter} runs nothing at {name}"
+    guarded, fixed = [], []
+    for config in _checked(chapter, configs):
+        (guarded if config.guarded else fixed).append((config.label, plan_bytes(config.spec)))
+    for label, total in fixed:
+        assert total <= cls.budget_bytes, (
+            f"chapter {chapter} at {name} runs {label!r}: plan {total / 2**30:.2f} GiB > "
+            f"{cls.budget_bytes / 2**30:.2f} GiB ({FIT_MARGIN:.0%} of usable)")
+    if guarded:
+        assert any(total <= cls.budget_bytes for _, total in guarded), (
+            f"chapter {chapter} at {name}: no guarded configuration fits: {guarded}")
+
+
+def test_chapter_3_at_the_16gb_class_runs_lean_and_shows_the_plan_of_the_rest():
+    cls = DEVICE_CLASSES["16GB"]
+    configs = {c.label: c for c in live_configs("03", SCALE_TABLE["16GB"]) if c.guarded}
+    fits = {label: plan_bytes(c.spec) <= cls.budget_bytes for label, c in configs.items()}
+    assert fits == {"none": False, "step": False, "+ edge blocks (deepmind)": False,
+                    "lean": True}
+
+
+def test_the_cpu_grid_of_chapter_6_grows_with_steps_and_latent():
+    configs = live_configs("06", SCALE_TABLE["cpu"])
+    totals = {(c.spec.model.processor_steps, c.spec.model.latent_size): plan_bytes(c.spec)
+              for c in configs}
+    largest = max(totals)
+    assert all(t <= totals[largest] for t in totals.values())
+    for (s, latent), t in totals.items():
+        for (s2, latent2), t2 in totals.items():
+            if s <= s2 and latent <= latent2:
+                assert t <= t2
+
+
+def test_a_guarded_run_that_does_not_fit_allocates_nothing_and_says_so():
+    spec = live_configs("03", SCALE_TABLE["cpu"])[-1].spec  # the live model, no remat
+    total = plan_bytes(spec)
+    small = run_if_fits(spec, "live", usable=int(total))  # the margin does not fit
+    assert not small.fits and not small.ran and small.plan_bytes == total
+    assert small.status().startswith("needs ") and "does not fit this card" in small.status()
+    roomy = run_if_fits(spec, "live", usable=int(2 * total))
+    assert roomy.fits and roomy.ran and roomy.status().startswith("runs (plan ")
+    roomy.step.run()  # one real step
+    assert roomy.measured_peak_bytes is None and roomy.measured_over_plan is None  # CPU

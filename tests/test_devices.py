@@ -1,0 +1,90 @@
+"""One rule for usable memory: the allocator's limit, or a named card times JAX's fraction."""
+
+import pytest
+
+from gclab import devices
+from gclab.devices import (
+    CARDS,
+    DEVICE_CLASSES,
+    FIT_MARGIN,
+    card_usable_bytes,
+    device_class_of,
+    fits,
+    mem_fraction,
+    usable_bytes,
+)
+from gclab.sizing import planner
+
+
+class FakeDevice:
+    """A device description: what `memory_stats()` would return on a GPU."""
+
+    def __init__(self, stats):
+        self.stats = stats
+
+    def memory_stats(self):
+        if isinstance(self.stats, Exception):
+            raise self.stats
+        return self.stats
+
+
+def test_a_present_device_reports_its_allocator_limit():
+    assert usable_bytes(FakeDevice({"bytes_limit": 11_000_000_000, "bytes_in_use": 5})) == \
+        11_000_000_000
+    assert usable_bytes(FakeDevice(None)) is None  # CPU
+    assert usable_bytes(FakeDevice(RuntimeError("no stats"))) is None
+
+
+def test_this_cpu_reports_no_limit():
+    assert usable_bytes() is None
+
+
+def test_a_named_card_gets_jax_default_fraction(monkeypatch):
+    monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION", raising=False)
+    monkeypatch.setenv("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # changes nothing
+    assert card_usable_bytes("T4") == 12 * 10**9
+    assert card_usable_bytes("h100") == 60 * 10**9
+    assert usable_bytes(card_name="A100-40GB") == 30 * 10**9
+    # TPU memory is per chip, in GiB, and has no client fraction.
+    assert card_usable_bytes("TPU-v4") == 32 * 2**30
+
+
+def test_the_fraction_follows_the_environment(monkeypatch):
+    monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", ".5")
+    assert mem_fraction() == 0.5 and card_usable_bytes("L4") == 12 * 10**9
+    for bad in ("0", "1.5", "lots"):
+        monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", bad)
+        with pytest.raises(ValueError, match=r"XLA_PYTHON_CLIENT_MEM_FRACTION=.* \(0, 1\]"):
+            mem_fraction()
+
+
+def test_unknown_card_names_the_known_ones():
+    with pytest.raises(ValueError, match="unknown card 'T5': one of T4, V100-16GB, L4"):
+        devices.card("T5")
+
+
+def test_cards_state_their_units():
+    assert {c.unit for c in CARDS.values()} == {"GB", "GiB"}
+    assert CARDS["H200"].memory_bytes == 141 * 10**9 and CARDS["H200"].describe() == \
+        "H200 (141 GB)"
+    assert CARDS["TPU-v4"].describe() == "TPU-v4 (32 GiB)"
+
+
+def test_fits_leaves_the_margin():
+    assert fits(FIT_MARGIN * 1000, 1000) and not fits(FIT_MARGIN * 1000 + 1, 1000)
+
+
+def test_device_classes_cover_the_cards_from_small_to_large():
+    usable = [c.usable_bytes for c in DEVICE_CLASSES.values()]
+    assert list(DEVICE_CLASSES) == ["cpu", "16GB", "24GB", "40GB", "80GB", "141GB"]
+    assert usable[1:] == sorted(usable[1:])
+    assert device_class_of(None).name == "cpu"
+    assert device_class_of(2 * 2**30).name == "16GB"  # smaller cards: the smallest class
+    assert device_class_of(10**15).name == "141GB"
+    for cls in DEVICE_CLASSES.values():
+        assert 0 < cls.budget_bytes < cls.usable_bytes
+
+
+def test_the_planner_uses_the_same_rule():
+    assert planner.parse_budget("T4") == card_usable_bytes("T4")
+    assert planner.CARDS is CARDS
