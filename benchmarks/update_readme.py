@@ -90,8 +90,9 @@ def parallel_block() -> str:
                        and ("mesh-nodes:replicated" in r["parallel"]) == (kind == "replicated")}
             if 8 not in layouts:
                 continue
-            cells = [_gib(one["temp_bytes"])] + [
-                f"{_gib(layouts[d]['temp_bytes'])} ({layouts[d]['temp_bytes'] / one['temp_bytes']:.2f})"
+            base = one["temp_bytes"]
+            cells = [_gib(base)] + [
+                f"{_gib(layouts[d]['temp_bytes'])} ({layouts[d]['temp_bytes'] / base:.2f})"
                 if d in layouts else "" for d in (2, 4, 8)]
             lines.append(f"| {one['preset']} | {kind} | " + " | ".join(cells)
                          + f" | {_gib(layouts[8]['collective_bytes'])} |")

@@ -36,6 +36,7 @@ from gclab.sizing import analytical
 from gclab.sizing.planner import NothingFits, parse_budget
 from gclab.sizing.step import StepSpec, compile_train_step
 
+
 @dataclasses.dataclass(frozen=True)
 class CardSpeed:
     """Published peak speeds of one card (dense, no sparsity).
