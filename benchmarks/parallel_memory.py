@@ -6,7 +6,12 @@ each layout: `spatial:D` (grid and edges split D ways, batch 1) and `data:D` (ba
 sample per device). XLA's memory figures of a partitioned program are per device; the
 collective bytes come from its optimised HLO. Writes
 `benchmarks/results/parallel-memory-<backend>.json` (rows as they are compiled) and a
-Markdown table beside it, with the hardware and date.
+Markdown table beside it, with the hardware and date. Each row also carries the step time
+`gclab plan --devices` predicts for it with an H100's published speeds
+(`gclab.sizing.layout_plan.predicted_seconds`: analytical FLOPs split over the devices, plus
+the compiled collective bytes over the link): simulated CPU devices share two cores, so a
+timed step here would measure nothing about devices. `--annotate FILE.json` adds that
+prediction to rows recorded before it existed, without compiling again.
 
     python benchmarks/parallel_memory.py                       # 1 deg and 0.25 deg, lean
     python benchmarks/parallel_memory.py --presets graphcast-small --recipes none,lean
@@ -36,8 +41,13 @@ from gclab import __version__  # noqa: E402
 from gclab.config import get_preset  # noqa: E402
 from gclab.measure import format_bytes  # noqa: E402
 from gclab.memory import get_recipe  # noqa: E402
-from gclab.parallel import ParallelConfig  # noqa: E402
+from gclab.parallel import ParallelConfig, parse_parallel_spec  # noqa: E402
 from gclab.sizing import StepSpec, compile_train_step  # noqa: E402
+from gclab.sizing.layout_plan import (  # noqa: E402
+    CARD_SPEEDS,
+    REFERENCE_CARD,
+    predicted_seconds,
+)
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -71,15 +81,41 @@ def markdown(rows: list, hw: dict) -> str:
     lines = [f"Per-device compiled memory of one training step ({hw['backend']}, "
              f"{hw['simulated_devices']} simulated devices, jax {hw['jax']}, {hw['date']}).",
              "", "| preset | recipe | layout | batch | devices | temp / device | args / device "
-             "| temp vs 1 device | collectives / step |", "|---|---|---|---|---|---|---|---|---|"]
+             f"| temp vs 1 device | collectives / step | predicted step ({REFERENCE_CARD}) |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     base = {(r["preset"], r["recipe"]): r["temp_bytes"] for r in rows if r["devices"] == 1}
     for r in rows:
         ratio = r["temp_bytes"] / base.get((r["preset"], r["recipe"]), float("nan"))
         lines.append(f"| {r['preset']} | {r['recipe']} | {r['parallel']} | {r['batch']} | "
                      f"{r['devices']} | {format_bytes(r['temp_bytes'])} | "
                      f"{format_bytes(r['argument_bytes'])} | {ratio:.3f} | "
-                     f"{format_bytes(r['collective_bytes'])} |")
+                     f"{format_bytes(r['collective_bytes'])} | "
+                     f"{r['predicted_seconds'] * 1e3:.1f} ms |")
     return "\n".join(lines) + "\n"
+
+
+def spec_of(row: dict) -> StepSpec:
+    preset = get_preset(row["preset"])
+    return StepSpec(preset.model, preset.task, get_recipe(row["recipe"]), batch=row["batch"],
+                    parallel=parse_parallel_spec(row["parallel"]))
+
+
+def predicted(row: dict) -> float:
+    """`gclab plan --devices`'s predicted step time of a row, with REFERENCE_CARD's speeds."""
+    return predicted_seconds(spec_of(row), row["collective_bytes"],
+                             CARD_SPEEDS[REFERENCE_CARD])
+
+
+def annotate(path: Path) -> None:
+    record = json.loads(path.read_text())
+    for row in record["rows"]:
+        row["predicted_seconds"] = predicted(row)
+    record["predicted_with"] = REFERENCE_CARD
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(record, indent=2) + "\n")
+    tmp.replace(path)
+    path.with_suffix(".md").write_text(markdown(record["rows"], record["hardware"]))
+    print(f"annotated {path} and {path.with_suffix('.md')}")
 
 
 def main() -> None:
@@ -89,12 +125,17 @@ def main() -> None:
     ap.add_argument("--devices", default="1,2,4,8")
     ap.add_argument("--layouts", default="spatial,spatial-replicated,data",
                     help="comma-separated, each one of " + ", ".join(LAYOUTS))
+    ap.add_argument("--annotate", metavar="FILE.json",
+                    help="add predicted step times to a recorded file, compile nothing")
     ap.add_argument("--out", default=None, help="JSON path (default results/parallel-memory-"
                     "<backend>.json)")
     args = ap.parse_args()
     for kind in args.layouts.split(","):
         if kind not in LAYOUTS:
             ap.error(f"--layouts {args.layouts}: each one of {', '.join(LAYOUTS)}")
+    if args.annotate:
+        annotate(Path(args.annotate))
+        return
     hw = hardware()
     out = Path(args.out or RESULTS / f"parallel-memory-{hw['backend']}.json")
     rows: list = []
@@ -118,11 +159,14 @@ def main() -> None:
                            "devices": layout.devices, "batch": batch,
                            **step.memory.to_dict(), "collectives": step.collectives,
                            "seconds": round(time.perf_counter() - start, 1)}
+                    row["predicted_seconds"] = predicted(row)
                     rows.append(row)
                     print(f"{preset_name:<16} {recipe:<6} {layout.spec:<18} batch {batch} "
                           f"temp {format_bytes(row['temp_bytes'])} "
                           f"collectives {format_bytes(row['collective_bytes'])}", flush=True)
-                    out.write_text(json.dumps({"hardware": hw, "rows": rows}, indent=2) + "\n")
+                    out.write_text(json.dumps({"hardware": hw, "rows": rows,
+                                               "predicted_with": REFERENCE_CARD}, indent=2)
+                                   + "\n")
                     out.with_suffix(".md").write_text(markdown(rows, hw))
     print(f"wrote {out} and {out.with_suffix('.md')}")
 

@@ -81,7 +81,8 @@ def parallel_block() -> str:
              "`lean`, batch 1, spatial layouts:", "",
              "| model | mesh nodes | " + " | ".join(f"{d} device{'s' * (d > 1)}"
                                                   for d in (1, 2, 4, 8))
-             + " | collectives / step at 8 |", "|---|---|" + "---:|" * 5]
+             + " | collectives / step at 8 | predicted step at 1 / 8 |",
+             "|---|---|" + "---:|" * 6]
     for record in records:
         rows = record["rows"]
         one = next(r for r in rows if r["devices"] == 1)
@@ -95,13 +96,18 @@ def parallel_block() -> str:
                 f"{_gib(layouts[d]['temp_bytes'])} ({layouts[d]['temp_bytes'] / base:.2f})"
                 if d in layouts else "" for d in (2, 4, 8)]
             lines.append(f"| {one['preset']} | {kind} | " + " | ".join(cells)
-                         + f" | {_gib(layouts[8]['collective_bytes'])} |")
+                         + f" | {_gib(layouts[8]['collective_bytes'])} | "
+                         f"{one['predicted_seconds'] * 1e3:.0f} / "
+                         f"{layouts[8]['predicted_seconds'] * 1e3:.0f} ms |")
     rows = records[1]["rows"]
     one = next(r for r in rows if r["devices"] == 1)
     eight = next(r for r in rows if r["parallel"] == "data:1,spatial:8")
     ratio = eight["temp_bytes"] / one["temp_bytes"]
     lines += ["", f"Target: the 0.25 deg `lean` step over 8 devices needs at most a quarter of "
-              f"one device's temp per device: {ratio:.2f}, {'met' if ratio <= 0.25 else 'missed'}."]
+              f"one device's temp per device: {ratio:.2f}, {'met' if ratio <= 0.25 else 'missed'}. "
+              f"Predicted step times use {records[1].get('predicted_with', 'H100')}'s published "
+              "speeds (`gclab plan --devices`' model: FLOPs split over the devices plus the "
+              "compiled collective bytes over the link)."]
     return "\n".join(lines)
 
 
