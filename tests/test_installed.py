@@ -43,3 +43,11 @@ def test_a_non_editable_install_reads_its_recordings(tmp_path):
     assert Path(found["out"]) == work / "gclab-recordings" == Path(found["data_dir"])
     # The supported JAX range travels in the installed metadata.
     assert set(found["jax"].split(",")) == {">=0.7", "<0.11"}
+
+
+def test_the_shipped_recording_is_the_recorded_benchmark():
+    """`memory_recipes.py` writes both; a hand edit of one of them would show here."""
+    root = Path(__file__).resolve().parents[1]
+    shipped = root / "gclab" / "recordings" / "memory-cpu.json"
+    assert shipped.read_bytes() == (root / "benchmarks" / "results" / "memory-cpu.json"
+                                    ).read_bytes()
