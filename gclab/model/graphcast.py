@@ -181,6 +181,7 @@ def _all_params(cfg: ModelConfig, data_channels: int, output_channels: int) -> d
 def grid_latents(P: dict, grid_features: Array, inputs: Array) -> Array:
     """Embedded grid nodes [n, B, L] from their inputs [n, B, C] and features [n, 3]."""
     n, batch, _ = inputs.shape
+    inputs = inputs.astype(P["encoder_nodes_grid_nodes"]["layers"][0][0].dtype)
     feat = jnp.broadcast_to(grid_features.astype(inputs.dtype)[:, None], (n, batch, 3))
     return mlp_concat(P["encoder_nodes_grid_nodes"], [inputs, feat])  # [n, B, L]
 
@@ -193,7 +194,7 @@ def encoder(P: dict, graph: GraphInputs, inputs: Array, mem: MemoryConfig):
     edge blocks embed the grid nodes they need, and the returned grid latents are None
     (the decoder recomputes them block by block).
     """
-    dtype = inputs.dtype
+    dtype = P["encoder_nodes_mesh_nodes"]["layers"][0][0].dtype  # inputs may be float32
     ng, batch, channels = inputs.shape
     nm = graph.mesh_nodes.shape[0]
     mesh_in = jnp.concatenate([jnp.zeros((nm, channels), dtype),
@@ -394,7 +395,10 @@ def graphcast_forward(P: dict, graph: GraphInputs, inputs: Array, mem: MemoryCon
     """The whole network on grouped parameters `P` (see `_all_params`). [Ng,B,C] -> [Ng,B,O]."""
     dtype = compute_dtype(mem.precision)
     P = cast_tree(P, dtype)  # parameters stay float32; gradients come back float32
-    inputs = split_rows(inputs.astype(dtype))  # [Ng, B, C]
+    # Streamed grid nodes gather their inputs block by block and cast each block: a
+    # bfloat16 copy of all inputs would be sliced through float32 copies on XLA:CPU (see
+    # `residuals_as_bits`), a copy twice its size.
+    inputs = split_rows(inputs if mem.stream_grid_nodes else inputs.astype(dtype))  # [Ng,B,C]
 
     def run_encoder(P_enc, graph, inputs):
         with jax.named_scope("encoder"):
