@@ -60,6 +60,7 @@ bodies), else of the previous point.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import functools
 import glob
@@ -67,11 +68,13 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Union
 
+import jax
 import numpy as np
 import pandas as pd
+from jax.experimental.compilation_cache.compilation_cache import reset_cache
 
 from gclab.measure.compiled import compile_timed, format_bytes, memory_of_compiled
 from gclab.memory.remat import STEP_SCOPE_PREFIX
@@ -710,6 +713,26 @@ def memory_timeline(
     )[2]
 
 
+@contextlib.contextmanager
+def without_persistent_cache() -> Iterator[None]:
+    """JAX's persistent compilation cache off for the compiles inside.
+
+    A dump (``xla_dump_to``) is written only by a compile that XLA runs; JAX leaves the dump
+    options out of its cache key, so with the cache on (``JAX_COMPILATION_CACHE_DIR``) a step
+    compiled before, in any process, comes from the cache and writes no dump. JAX decides
+    whether a process uses the cache once, so it is asked again on the way in and out
+    (`reset_cache` clears only that decision, not the cache's files).
+    """
+    previous = jax.config.jax_enable_compilation_cache
+    jax.config.update("jax_enable_compilation_cache", False)
+    reset_cache()
+    try:
+        yield
+    finally:
+        jax.config.update("jax_enable_compilation_cache", previous)
+        reset_cache()
+
+
 def compile_with_timeline(
     fn: Callable[..., Any],
     *args: Any,
@@ -735,9 +758,10 @@ def compile_with_timeline(
     dump_dir = keep_dump or tempfile.mkdtemp(prefix="gclab_xla_dump_")
     options = {**(compiler_options or {}), "xla_dump_to": dump_dir, "xla_dump_hlo_as_text": True}
     try:
-        compiled, seconds = compile_timed(
-            fn, args, kwargs, static_argnums, donate_argnums, options
-        )
+        with without_persistent_cache():  # a cached executable writes no dump
+            compiled, seconds = compile_timed(
+                fn, args, kwargs, static_argnums, donate_argnums, options
+            )
         memory = memory_of_compiled(compiled, seconds)
         timeline = timeline_from_dump(
             dump_dir,
