@@ -492,11 +492,13 @@ def cmd_sweep(args) -> int:
 def cmd_plan(args) -> int:
     model, task = _resolve_model(args)
     if args.devices is not None and args.devices > 1:
-        return _plan_layout(args, model, task)
+        planner = functools.partial(plan_layout, devices=args.devices, recipes=args.recipes)
+    else:
+        planner = functools.partial(
+            plan, use_compiled={"auto": "auto", "yes": True, "no": False}[args.compiled])
     try:
-        result = plan(args.budget, model, task, batch=args.batch, rollout=args.rollout,
-                      precision=args.precision,
-                      use_compiled={"auto": "auto", "yes": True, "no": False}[args.compiled])
+        result = planner(args.budget, model, task, batch=args.batch, rollout=args.rollout,
+                         precision=args.precision)
     except NothingFits as e:
         print(f"gclab plan: {e}", file=sys.stderr)
         return 1
@@ -613,21 +615,6 @@ def cmd_train(args) -> int:
         result.checkpoint is not None) else ""
     print(f"trained to step {result.steps} on {layout.devices} {jax.default_backend()} "
           f"device(s) ({layout.spec}){where}")
-    return 0
-
-
-def _plan_layout(args, model, task) -> int:
-    try:
-        result = plan_layout(args.budget, model, task, args.devices, batch=args.batch,
-                             rollout=args.rollout, precision=args.precision,
-                             recipes=args.recipes)
-    except NothingFits as e:
-        print(f"gclab plan: {e}", file=sys.stderr)
-        return 1
-    if args.json:
-        _print_json(result.to_dict())
-    else:
-        print(result.explain())
     return 0
 
 
