@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import os
 import platform
@@ -43,6 +44,7 @@ from gclab.measure import format_bytes  # noqa: E402
 from gclab.memory import get_recipe  # noqa: E402
 from gclab.parallel import ParallelConfig, parse_parallel_spec  # noqa: E402
 from gclab.sizing import StepSpec, compile_train_step  # noqa: E402
+from gclab.sizing.analytical import GraphCounts  # noqa: E402
 from gclab.sizing.layout_plan import (  # noqa: E402
     CARD_SPEEDS,
     REFERENCE_CARD,
@@ -100,10 +102,16 @@ def spec_of(row: dict) -> StepSpec:
                     parallel=parse_parallel_spec(row["parallel"]))
 
 
+@functools.lru_cache(maxsize=None)
+def graph_counts(preset: str) -> GraphCounts:
+    """A preset's graph sizes, read once (rows of one preset share them)."""
+    return GraphCounts.for_model(get_preset(preset).model)
+
+
 def predicted(row: dict) -> float:
     """`gclab plan --devices`'s predicted step time of a row, with REFERENCE_CARD's speeds."""
     return predicted_seconds(spec_of(row), row["collective_bytes"],
-                             CARD_SPEEDS[REFERENCE_CARD])
+                             CARD_SPEEDS[REFERENCE_CARD], graph_counts(row["preset"]))
 
 
 def annotate(path: Path) -> None:

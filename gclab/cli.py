@@ -197,22 +197,24 @@ def _remat(text: str) -> dict:
         raise _bad(text, REMAT_SPEC_HELP) from None
 
 
-def _budget(text: str) -> str:
-    """A budget, kept as typed (a card's name also names its speeds)."""
-    try:
-        parse_budget(text)
+def _kept_as_typed(parse: Callable[[str], Any], allowed: str) -> Callable[[str], str]:
+    """An option checked by `parse` and kept as typed (its reader parses it again)."""
+
+    def convert(text: str) -> str:
+        try:
+            parse(text)
+        except ValueError:
+            raise _bad(text, allowed) from None
         return text
-    except ValueError:
-        raise _bad(text, BUDGET_HELP) from None
+
+    return convert
 
 
-def _parallel(text: str) -> str:
-    """A layout spec, kept as typed (`_resolve_parallel` reads it)."""
-    try:
-        parse_parallel_spec(text)
-        return text
-    except ValueError:
-        raise _bad(text, PARALLEL_SPEC_HELP + "; pipeline must be 1 for now") from None
+# A card's name also names its speeds (`gclab plan --devices`), so the text is kept.
+_budget = _kept_as_typed(parse_budget, BUDGET_HELP)
+# `_resolve_parallel` reads it, and quotes it as typed when it disagrees with --devices.
+_parallel = _kept_as_typed(parse_parallel_spec,
+                           PARALLEL_SPEC_HELP + "; pipeline must be 1 for now")
 
 
 def _host_port(text: str) -> str:

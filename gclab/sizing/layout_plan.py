@@ -27,7 +27,7 @@ import dataclasses
 from typing import Any, Optional, Union
 
 from gclab.config import ModelConfig, TaskConfig
-from gclab.devices import CARDS, FIT_MARGIN, fits
+from gclab.devices import FIT_MARGIN, card, fits
 from gclab.geometry.graphs import graphs_for
 from gclab.measure.compiled import format_bytes
 from gclab.memory.config import RECIPES, get_recipe
@@ -120,16 +120,21 @@ class LayoutPlan:
 
 def card_name(budget: Union[int, float, str]) -> Optional[str]:
     """The `CARDS` name a budget names (any case), else None."""
-    if isinstance(budget, str):
-        for name in CARDS:
-            if budget.strip().lower() == name.lower():
-                return name
-    return None
+    if not isinstance(budget, str):
+        return None
+    try:
+        return card(budget).name
+    except ValueError:
+        return None
 
 
-def predicted_seconds(spec: StepSpec, collective_bytes: int, speed: CardSpeed) -> float:
-    """The predicted step time of `spec` on cards of `speed` (see the module docstring)."""
-    counts = analytical.GraphCounts.for_model(spec.model)
+def predicted_seconds(spec: StepSpec, collective_bytes: int, speed: CardSpeed,
+                      counts: Optional[analytical.GraphCounts] = None) -> float:
+    """The predicted step time of `spec` on cards of `speed` (see the module docstring).
+
+    `counts` are the model's graph sizes (read from its cached graphs when not given).
+    """
+    counts = counts if counts is not None else analytical.GraphCounts.for_model(spec.model)
     f = analytical.stage_flops(spec.model, spec.task, counts, spec.batch)["forward"]
     extra = analytical.recompute_flops(spec.model, spec.task, spec.memory, counts, spec.batch)
     flops_per_s = speed.f32_flops if spec.memory.precision == "f32" else speed.bf16_flops
@@ -162,6 +167,7 @@ def plan_layout(budget: Union[int, float, str], model: ModelConfig, task: TaskCo
     speeds_of = card if card in CARD_SPEEDS else REFERENCE_CARD
     speed = CARD_SPEEDS[speeds_of]
     graphs = graphs_for(model)
+    counts = analytical.GraphCounts.for_model(model, graphs.grid2mesh.num_edges)
     candidates, best = [], None
     for layout in layouts(devices):
         for recipe in recipes or list(RECIPES):
@@ -178,7 +184,7 @@ def plan_layout(budget: Union[int, float, str], model: ModelConfig, task: TaskCo
             step = compile_train_step(spec, graphs)
             need = step.memory.total_bytes
             coll = int(step.memory.collective_bytes)
-            seconds = predicted_seconds(spec, coll, speed)
+            seconds = predicted_seconds(spec, coll, speed, counts)
             ok = fits(need, usable)
             candidates.append({**row, "per_device_bytes": need, "collective_bytes": coll,
                                "predicted_seconds": seconds, "fits": ok})

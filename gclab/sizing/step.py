@@ -26,6 +26,7 @@ import numpy as np
 
 from gclab import training
 from gclab.config import MAX_INT32, ModelConfig, TaskConfig, is_int
+from gclab.devices import usable_bytes
 from gclab.geometry.graphs import Graphs, graphs_for
 from gclab.limits import MAX_PLANNED_BYTES, host_memory_bytes, require_fits
 from gclab.measure.collectives import collective_bytes
@@ -215,13 +216,7 @@ def estimate_step_bytes(spec: StepSpec, graphs: Optional[Graphs] = None) -> int:
 
 def device_memory_bytes() -> Optional[int]:
     """Memory of the default device: its allocator's limit, or on CPU the host's memory."""
-    device = jax.devices()[0]
-    try:
-        stats = device.memory_stats() or {}
-    except Exception:  # noqa: BLE001 - some backends raise instead of returning None
-        stats = {}
-    limit = stats.get("bytes_limit")
-    return int(limit) if limit else host_memory_bytes()
+    return usable_bytes() or host_memory_bytes()
 
 
 def check_step_size(spec: StepSpec, graphs: Optional[Graphs] = None) -> None:
