@@ -15,10 +15,8 @@ import numpy as np
 import pytest
 
 from gclab.config import ModelConfig
-from gclab.geometry import build_graphs
 from gclab.memory import RECIPES, get_recipe
 from gclab.memory.precision import residuals_as_bits
-from gclab.model import graph_inputs, make_network
 from gclab.model.layers import float32_layer_norm, layer_norm
 
 C, O = 5, 4
@@ -29,34 +27,14 @@ BLOCK = 300
 BF16_TEMP_FRACTION = 0.8
 
 
-@pytest.fixture(scope="module")
-def abstract():
-    graph = graph_inputs(build_graphs(CFG.resolution, CFG.mesh_splits))
-    shapes = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), graph)
-    inputs = jax.ShapeDtypeStruct((graph.grid_nodes.shape[0], 1, C), jnp.float32)
-    return shapes, inputs
-
-
-def compiled_temp(mem, abstract):
-    graph, inputs = abstract
-    net = make_network(CFG, C, O, mem)
-    params = jax.eval_shape(net.init, jax.random.PRNGKey(0), graph, inputs)
-
-    def loss(p, g, x):
-        return jnp.mean(net.apply(p, g, x) ** 2)
-
-    lowered = jax.jit(jax.grad(loss)).lower(params, graph, inputs)
-    # Read, never run: LLVM optimisation off (the memory plan is the same).
-    compiled = lowered.compile(compiler_options={"xla_backend_optimization_level": 0})
-    return compiled.memory_analysis().temp_size_in_bytes
-
-
 @pytest.mark.parametrize("recipe", list(RECIPES))
-def test_bfloat16_temp_is_at_most_a_fraction_of_float32(recipe, abstract):
+def test_bfloat16_temp_is_at_most_a_fraction_of_float32(recipe, grad_temp):
     mems = {p: get_recipe(recipe, p) for p in ("f32", "bf16")}
     mems = {p: m.replace(edge_block_size=BLOCK) if m.edge_block_size else m
             for p, m in mems.items()}
-    f32, bf16 = (compiled_temp(mems[p], abstract) for p in ("f32", "bf16"))
+    # Read, never run: LLVM optimisation off (the memory plan is the same).
+    f32, bf16 = (grad_temp(CFG, mems[p], {"xla_backend_optimization_level": 0})
+                 for p in ("f32", "bf16"))
     assert bf16 <= BF16_TEMP_FRACTION * f32
 
 

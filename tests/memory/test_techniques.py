@@ -142,28 +142,8 @@ MEM_CFG = ModelConfig(resolution=6.0, mesh_splits=3, latent_size=128, processor_
 
 
 @pytest.fixture(scope="module")
-def abstract():
-    graph = graph_inputs(build_graphs(MEM_CFG.resolution, MEM_CFG.mesh_splits))
-    shapes = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), graph)
-    inputs = jax.ShapeDtypeStruct((graph.grid_nodes.shape[0], 1, C), jnp.float32)
-    return shapes, inputs
-
-
-def compiled_temp(mem, abstract, cfg=MEM_CFG):
-    graph, inputs = abstract
-    net = make_network(cfg, C, O, mem)
-    params = jax.eval_shape(net.init, jax.random.PRNGKey(0), graph, inputs)
-
-    def loss(p, g, x):
-        return jnp.mean(net.apply(p, g, x) ** 2)
-
-    compiled = jax.jit(jax.grad(loss)).lower(params, graph, inputs).compile()
-    return compiled.memory_analysis().temp_size_in_bytes
-
-
-@pytest.fixture(scope="module")
-def baseline_temp(abstract):
-    return compiled_temp(MemoryConfig(), abstract)
+def baseline_temp(grad_temp):
+    return grad_temp(MEM_CFG, MemoryConfig())
 
 
 # (technique, the largest allowed fraction of the baseline's temp bytes)
@@ -185,26 +165,22 @@ SAVINGS = {
 
 
 @pytest.mark.parametrize("name", sorted(SAVINGS))
-def test_technique_lowers_compiled_temp(name, abstract, baseline_temp):
+def test_technique_lowers_compiled_temp(name, grad_temp, baseline_temp):
     mem, factor = SAVINGS[name]
-    assert compiled_temp(mem, abstract) <= factor * baseline_temp
+    assert grad_temp(MEM_CFG, mem) <= factor * baseline_temp
 
 
-def test_streaming_grid_nodes_lowers_temp_below_edge_blocks_alone():
+def test_streaming_grid_nodes_lowers_temp_below_edge_blocks_alone(grad_temp):
     """On a grid-dominated config (2 deg grid, 3 splits, 2 x 64), streaming grid nodes
     removes the [Ng, B, L] arrays that edge blocks alone still keep."""
     cfg = ModelConfig(resolution=2.0, mesh_splits=3, latent_size=64, processor_steps=2)
-    graph = graph_inputs(build_graphs(cfg.resolution, cfg.mesh_splits))
-    shapes = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), graph)
-    inputs = jax.ShapeDtypeStruct((graph.grid_nodes.shape[0], 1, C), jnp.float32)
-    blocks = compiled_temp(MemoryConfig(edge_block_size=1024), (shapes, inputs), cfg)
-    streamed = compiled_temp(MemoryConfig(edge_block_size=1024, stream_grid_nodes=True),
-                             (shapes, inputs), cfg)
+    blocks = grad_temp(cfg, MemoryConfig(edge_block_size=1024))
+    streamed = grad_temp(cfg, MemoryConfig(edge_block_size=1024, stream_grid_nodes=True))
     assert streamed <= 0.6 * blocks
 
 
-def test_remat_ratio_is_monotone(abstract):
-    temps = [compiled_temp(MemoryConfig(processor_remat="ratio", remat_ratio=r), abstract)
+def test_remat_ratio_is_monotone(grad_temp):
+    temps = [grad_temp(MEM_CFG, MemoryConfig(processor_remat="ratio", remat_ratio=r))
              for r in (0.0, 0.5, 1.0)]
     assert temps[0] > temps[1] > temps[2]
 

@@ -1,0 +1,44 @@
+"""What the technique tests share: the compiled temp of one gradient, from shapes alone."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+from gclab.config import ModelConfig
+from gclab.geometry import build_graphs
+from gclab.memory import MemoryConfig
+from gclab.model import graph_inputs, make_network
+
+# Input and output channels of the small networks these tests compile.
+CHANNELS, OUTPUTS = 5, 4
+
+
+@functools.lru_cache(maxsize=None)
+def abstract_inputs(cfg: ModelConfig):
+    """(graph inputs, [Ng, 1, C] float32 inputs) of `cfg`'s grid and mesh, as shapes."""
+    graph = graph_inputs(build_graphs(cfg.resolution, cfg.mesh_splits))
+    shapes = jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), graph)
+    inputs = jax.ShapeDtypeStruct((graph.grid_nodes.shape[0], 1, CHANNELS), jnp.float32)
+    return shapes, inputs
+
+
+def compiled_grad_temp(cfg: ModelConfig, mem: MemoryConfig, compiler_options=None) -> int:
+    """XLA's temp bytes of the gradient of a mean-square loss of `cfg`'s network under `mem`."""
+    graph, inputs = abstract_inputs(cfg)
+    net = make_network(cfg, CHANNELS, OUTPUTS, mem)
+    params = jax.eval_shape(net.init, jax.random.PRNGKey(0), graph, inputs)
+
+    def loss(p, g, x):
+        return jnp.mean(net.apply(p, g, x) ** 2)
+
+    lowered = jax.jit(jax.grad(loss)).lower(params, graph, inputs)
+    compiled = lowered.compile(compiler_options=compiler_options)
+    return compiled.memory_analysis().temp_size_in_bytes
+
+
+@pytest.fixture(scope="session")
+def grad_temp():
+    """`compiled_grad_temp(cfg, mem, compiler_options=None)`, for the tests of this folder."""
+    return compiled_grad_temp
