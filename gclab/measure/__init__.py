@@ -38,6 +38,7 @@ from gclab.measure.residuals import (
 )
 from gclab.measure.timeline import (
     BACKWARD_PREFIX,
+    LiveValue,
     Timeline,
     compile_with_timeline,
     label_op,
@@ -48,7 +49,8 @@ from gclab.measure.timing import median_seconds
 
 __all__ = [
     "ARGUMENTS_GROUP", "BACKWARD_PREFIX", "COLLECTIVES", "NOT_A_GRAPH_SET", "CompiledMemory",
-    "HostMemory", "PeakResult", "Timeline", "bytes_by_graph_set", "collective_bytes", "compile_fn",
+    "HostMemory", "LiveValue", "PeakResult", "Timeline", "bytes_by_graph_set", "collective_bytes",
+    "compile_fn",
     "compile_timed", "compile_with_timeline", "compiled_memory", "flops", "format_bytes",
     "fusion_counts", "hlo_computations", "indexed_by", "label_op", "largest_fusion", "measure_peak",
     "median_seconds", "memory_of_compiled", "memory_timeline", "module_of_scope",

@@ -81,6 +81,7 @@ from gclab.memory.remat import STEP_SCOPE_PREFIX
 
 __all__ = [
     "DEFAULT_STAGE_RULES",
+    "LiveValue",
     "Timeline",
     "compile_with_timeline",
     "label_op",
@@ -122,6 +123,8 @@ _BRANCHES_RE = re.compile(r"branch_computations=\{([^}]*)\}")
 _ALLOC_RE = re.compile(r"^allocation (\d+): size (\d+)(.*):\s*$")
 _VALUE_RE = re.compile(r"^\s*value: <\d+ ([^ >]+)(?: \(phi\))? @\d+> \(size=(\d+),offset=(\d+)\)")
 _SEQ_RE = re.compile(r"^\s*(\d+):(\S+)\s*$")
+_TYPE_RE = re.compile(
+    r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(\([^=]*?\)|[\w\[\],{}:()]+?)\s+[\w\-]+\(")
 _RANGE_RE = re.compile(r"^\s*(\S+\{[^}]*\}):(\d+)-(\d+)\s*$")
 
 
@@ -143,6 +146,8 @@ class Timeline:
       name: a label for plots (the function's name by default).
       unrolled: whether loop bodies are repeated once per iteration (see
         `timeline_from_dump`); if not, a loop body appears once.
+      peak_values: the values live at the peak, largest first: one `LiveValue` per
+        buffer (aliases of one buffer counted once), so their bytes sum to `peak_bytes`.
     """
 
     live_bytes: np.ndarray
@@ -157,6 +162,7 @@ class Timeline:
     backend: str = ""
     name: str = ""
     unrolled: bool = False
+    peak_values: tuple["LiveValue", ...] = ()
 
     def __len__(self) -> int:
         return int(self.live_bytes.shape[0])
@@ -193,12 +199,40 @@ class Timeline:
         out = df.groupby("stage", sort=False)["live_bytes"].agg(["size", "max"])
         return out.rename(columns={"size": "points", "max": "peak_bytes"}).reset_index()
 
+    def peak_table(self, top: int | None = None) -> pd.DataFrame:
+        """What holds memory at the peak: one row per live buffer, largest first.
+
+        Columns: instruction, shape (HLO type, e.g. ``bf16[1038240,512]``), bytes, stage
+        (where the value was made), op_name. `top` keeps the largest rows and sums the rest
+        into one row ``'(others)'``.
+        """
+        rows = [dataclasses.asdict(v) for v in self.peak_values]
+        df = pd.DataFrame(rows, columns=["instruction", "shape", "bytes", "stage", "op_name"])
+        if top is not None and len(df) > top:
+            rest = df.iloc[top:]
+            df = pd.concat([df.iloc[:top], pd.DataFrame([{
+                "instruction": "(others)", "shape": f"{len(rest)} buffers",
+                "bytes": int(rest["bytes"].sum()), "stage": "", "op_name": ""}])],
+                ignore_index=True)
+        return df
+
     def __str__(self) -> str:
         return (
             f"Timeline({self.name!r}, {len(self)} points, peak "
             f"{format_bytes(self.peak_bytes)} in {self.peak_stage!r}, temp "
             f"{format_bytes(self.temp_bytes)})"
         )
+
+
+@dataclasses.dataclass(frozen=True)
+class LiveValue:
+    """One buffer live at a timeline's peak (see `Timeline.peak_values`)."""
+
+    instruction: str
+    shape: str
+    bytes: int
+    stage: str
+    op_name: str
 
 
 # ----------------------------------------------------------------------------- labels
@@ -545,6 +579,64 @@ def _live_bytes(
     return np.cumsum(delta[:num_points])
 
 
+def _live_at(
+    point: int,
+    values: Sequence[tuple[str, int, int, int]],
+    ranges: dict[str, tuple[int, int]],
+) -> list[tuple[str, int]]:
+    """(value key, size) of the buffers live at `point`, one per buffer, as `_live_bytes`."""
+    by_chunk: dict[tuple[int, int, int], list[tuple[int, int, str]]] = collections.defaultdict(list)
+    for key, alloc, offset, size in values:
+        if size > 0 and key in ranges:
+            by_chunk[(alloc, offset, size)].append((*ranges[key], key))
+    live = []
+    for (_, _, size), spans in by_chunk.items():
+        spans.sort()
+        start, end, keys = spans[0][0], spans[0][1], [spans[0][2]]
+        groups = []
+        for s, e, key in spans[1:]:
+            if s <= end:
+                end = max(end, e)
+                keys.append(key)
+            else:
+                groups.append((start, end, keys))
+                start, end, keys = s, e, [key]
+        groups.append((start, end, keys))
+        for s, e, keys in groups:
+            if s <= point <= e:
+                # The value defined first names the buffer (later ones alias it).
+                live.append((min(keys, key=lambda k: ranges[k][0]), size))
+    return sorted(live, key=lambda kv: -kv[1])
+
+
+def _hlo_types(text: str) -> dict[str, str]:
+    """The result type of every HLO instruction (e.g. ``bf16[1038240,512]{1,0}``)."""
+    out = {}
+    for line in text.splitlines():
+        m = _TYPE_RE.match(line)
+        if m:
+            out[m.group(1)] = re.sub(r"\{[\d,:A-Z()]*\}", "", m.group(2))
+    return out
+
+
+def _element_type(hlo_type: str, index: str) -> str:
+    """The type at tuple index `index` (e.g. ``'1,0'``) of an HLO type; `hlo_type` if none."""
+    for i in (int(k) for k in index.split(",") if k.strip()):
+        if not hlo_type.startswith("("):
+            break
+        parts, depth, start = [], 0, 1
+        for j, ch in enumerate(hlo_type):
+            if ch in "([":
+                depth += 1
+            elif ch in ")]":
+                depth -= 1
+            if (ch == "," and depth == 1) or (ch == ")" and depth == 0):
+                parts.append(hlo_type[start:j].strip())
+                start = j + 1
+        hlo_type = parts[i] if i < len(parts) else hlo_type
+    return hlo_type
+
+
 def _stages(
     sequence: Sequence[str],
     op_text: dict[str, str],
@@ -647,6 +739,7 @@ def timeline_from_dump(
     op_text, callees, members = _parse_hlo(hlo_text)
     live = _live_bytes(len(sequence), values, ranges)
     stages = _stages(sequence, op_text, callees, members, stage_rules)
+    stage_of = dict(zip(sequence, stages))
     points = np.arange(len(sequence))
     unrolled = False
     if unroll_loops:
@@ -662,6 +755,16 @@ def timeline_from_dump(
             live = live[points]
             unrolled = True
     peak_index = int(np.argmax(live)) if len(live) else 0
+    peak_values: tuple[LiveValue, ...] = ()
+    if len(live):
+        point = int(points[peak_index])
+        types = _hlo_types(hlo_text)
+        at_peak = [(*key.rstrip("}").split("{", 1), size)
+                   for key, size in _live_at(point, values, ranges)]
+        peak_values = tuple(
+            LiveValue(instruction=name, shape=_element_type(types.get(name, ""), index),
+                      bytes=size, stage=stage_of.get(name, ""), op_name=op_text.get(name, ""))
+            for name, index, size in at_peak)
     return Timeline(
         live_bytes=live,
         stage=np.asarray(stages, dtype=object),
@@ -672,6 +775,7 @@ def timeline_from_dump(
         temp_bytes=int(temp_bytes),
         name=name,
         unrolled=unrolled,
+        peak_values=peak_values,
     )
 
 

@@ -172,6 +172,26 @@ def test_timeline_peak_matches_temp_bytes(remat):
     assert timeline.peak_index >= first_backward - 5
 
 
+@pytest.mark.parametrize("remat", [False, True])
+def test_timeline_names_the_buffers_live_at_its_peak(remat):
+    loss, params, x = _toy(remat)
+    timeline = memory_timeline(jax.grad(loss), params, x)
+    values = timeline.peak_values
+    # One row per buffer, largest first, and together they are the peak.
+    assert sum(v.bytes for v in values) == timeline.peak_bytes
+    assert [v.bytes for v in values] == sorted((v.bytes for v in values), reverse=True)
+    # Each names its HLO type, and its bytes are that type's size.
+    width = {"f32": 4, "bf16": 2, "s32": 4, "pred": 1}
+    for v in values:
+        dtype, dims = v.shape.split("[")
+        size = width[dtype] * int(np.prod([int(d) for d in dims.rstrip("]").split(",") if d]))
+        assert v.bytes == size, v
+    table = timeline.peak_table(top=2)
+    assert list(table.columns) == ["instruction", "shape", "bytes", "stage", "op_name"]
+    assert int(table["bytes"].sum()) == timeline.peak_bytes
+    assert len(table) == min(3, len(values))
+
+
 def test_timeline_sees_remat_saving():
     plain = memory_timeline(jax.grad(_toy(False)[0]), *_toy(False)[1:])
     remat = memory_timeline(jax.grad(_toy(True)[0]), *_toy(True)[1:])
