@@ -37,8 +37,9 @@ Modelled tightly (calibrated; within 25 % of XLA:CPU on the test grid): `none` a
 per-step remat (`step`), batch, steps, latent. Modelled more loosely (from the array
 inventory, checked on a few configs only): `every:k`, `nested:k`, `ratio:r`, remat
 policies other than `nothing`, edge blocks, processor edge blocks, gather after
-matmul, whole-stage checkpoints, streamed grid nodes, bfloat16 (XLA:CPU upcasts and
-does not halve; the formula halves, as on GPU/TPU), rollout (`rollout_remat` keeps one
+matmul, whole-stage checkpoints, streamed grid nodes, bfloat16 (the formula halves every
+activation; compiled steps keep some float32 buffers, e.g. LayerNorm statistics in the
+backward pass and the loss, so they save less), rollout (`rollout_remat` keeps one
 step's activations plus T boundaries; without it T steps' activations), microbatches.
 """
 
@@ -327,7 +328,7 @@ def estimate(model: ModelConfig, task: TaskConfig, memory: Optional[MemoryConfig
       rollout: T autoregressive steps.
       counts: node/edge counts (default: from the model, Eg from the cached graphs).
       activation_bytes: bytes per activation element (default 4 for `f32`, 2 for
-        `bf16`; pass 4 to model XLA:CPU, which upcasts bfloat16).
+        `bf16`; 4 gives a float32-sized upper bound for a `bf16` step).
 
     Returns:
       A `MemoryEstimate`.

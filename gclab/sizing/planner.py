@@ -279,8 +279,9 @@ def plan(budget: Union[int, float, str], model: ModelConfig, task: TaskConfig, *
     compiled = (model.num_grid_nodes <= AUTO_COMPILE_MAX_GRID_NODES
                 if use_compiled == "auto" else bool(use_compiled))
     counts = analytical.GraphCounts.for_model(model)
-    # XLA:CPU upcasts bfloat16, so compiled figures here are float32-sized.
-    u = 4 if compiled or precision == "f32" else 2
+    # bfloat16 activations are kept in 2 bytes on every backend (XLA:CPU computes in
+    # float32 inside its kernels, but what a step keeps between them is bfloat16).
+    u = 4 if precision == "f32" else 2
 
     cands = _ladder(model.processor_steps, precision)
     milp_mem, milp_info = _milp(model, task, counts, usable, batch, rollout, precision, u)
