@@ -34,6 +34,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from unittest import mock
 
 import jax
 import jax.numpy as jnp
@@ -43,6 +44,7 @@ from gclab.config import get_preset
 from gclab.files import write_text_atomic
 from gclab.measure import format_bytes
 from gclab.memory import RECIPES, get_recipe
+from gclab.model import layers as model_layers
 from gclab.sizing import StepSpec, make_live_step, train_step_memory
 
 GIB = 2**30
@@ -119,7 +121,7 @@ def haiku_layer_norm(x, scale, offset):
         return GCLAB_LAYER_NORM(x, scale, offset)
     mean = jnp.mean(x, axis=-1, keepdims=True)
     var = jnp.var(x, axis=-1, keepdims=True)
-    inv = scale.astype(x.dtype) * jax.lax.rsqrt(var + jnp.asarray(model.LAYER_NORM_EPS,
+    inv = scale.astype(x.dtype) * jax.lax.rsqrt(var + jnp.asarray(model_layers.LAYER_NORM_EPS,
                                                                    var.dtype))
     return inv * (x - mean) + offset.astype(x.dtype)
 
@@ -163,11 +165,9 @@ def layer_norm_errors(preset_name: str = "cpu-4x32", recipes=("none", "deepmind"
         out32, g32 = run(recipe, "f32")
         flat32 = jnp.concatenate([g.ravel() for g in g32])
         for rule, fn in rules.items():
-            original, model.layer_norm = model.layer_norm, fn
-            try:
+            # The network's MLPs call `layers.layer_norm` (the package re-exports it too).
+            with mock.patch.object(model_layers, "layer_norm", fn):
                 out16, g16 = run(recipe, "bf16")
-            finally:
-                model.layer_norm = original
             flat16 = jnp.concatenate([g.ravel() for g in g16])
             worst = max(float(jnp.linalg.norm(a - b) / jnp.linalg.norm(b))
                         for a, b in zip(g16, g32)
@@ -182,6 +182,86 @@ def layer_norm_errors(preset_name: str = "cpu-4x32", recipes=("none", "deepmind"
             print(f"layer norm {rule:<36} {recipe:<9} output {row['output_rel']:.4f} "
                   f"gradient {row['grad_rel']:.4f}", flush=True)
     return rows
+
+
+# From the authors' recipe towards 32 GiB (bfloat16, 0.25 deg): each row names what it
+# changes from `deepmind`. `haiku-layer-norm` is a numerics choice, not a gclab switch:
+# LayerNorm computed in bfloat16, as the official code runs Haiku's.
+CLAIM_LADDER = (
+    ("deepmind", "the authors' recipe as described", {}),
+    ("haiku-layer-norm", "deepmind, LayerNorm in bfloat16 (the official numerics)", "haiku"),
+    ("stream-grid-nodes", "deepmind + grid nodes streamed through the edge blocks",
+     {"stream_grid_nodes": True}),
+    ("processor-edge-blocks", "deepmind + streamed grid nodes + processor edges in blocks",
+     {"stream_grid_nodes": True, "processor_edge_blocks": True}),
+    ("lean", "gclab's lean recipe (nested remat 4, blocks of 8192, gather after matmul)",
+     "lean"),
+)
+
+
+def authors_claim(preset_name: str = "graphcast", top: int = 12) -> dict:
+    """`deepmind` in bfloat16 against the authors' 32 GB: what holds memory, what frees it.
+
+    Compiled total (arguments + outputs + temp) of one training step for each change of
+    `CLAIM_LADDER`, and the largest buffers live at the peak of `deepmind` (XLA's buffer
+    assignment, `gclab.measure.Timeline.peak_table`), with how many of the peak's bytes
+    are float32 although the step computes in bfloat16.
+    """
+    from gclab.sizing.step import train_step_timeline
+
+    preset = get_preset(preset_name)
+    deepmind = get_recipe("deepmind", "bf16")
+    rows = []
+    for name, change, fields in CLAIM_LADDER:
+        if fields == "lean":
+            mem, patch = get_recipe("lean", "bf16"), None
+        elif fields == "haiku":
+            mem, patch = deepmind, haiku_layer_norm
+        else:
+            mem, patch = deepmind.replace(**fields), None
+        spec = StepSpec(preset.model, preset.task, mem)
+        if patch is None:
+            m = train_step_memory(spec)
+        else:
+            with mock.patch.object(model_layers, "layer_norm", patch):
+                m = train_step_memory(spec)
+        rows.append({"step": name, "change": change, **m.to_dict(),
+                     "fits_tpu_v4": m.total_bytes <= TPU_V4_GIB * GIB})
+        print(f"claim {name:<22} total {format_bytes(m.total_bytes):>11}", flush=True)
+    timeline = train_step_timeline(StepSpec(preset.model, preset.task, deepmind))
+    table = timeline.peak_table(top=top)
+    f32 = sum(v.bytes for v in timeline.peak_values if v.shape.startswith("f32"))
+    # Buffers with one row per grid node, e.g. f32[1038240,1,512].
+    grid = [v.bytes for v in timeline.peak_values
+            if f"[{preset.model.num_grid_nodes}," in v.shape]
+    return {"preset": preset_name, "rows": rows,
+            "peak": {"peak_bytes": timeline.peak_bytes, "float32_bytes": f32,
+                     "grid_sized_buffers": len(grid), "grid_sized_bytes": sum(grid),
+                     "stage": timeline.peak_stage,
+                     "buffers": table[["instruction", "shape", "bytes", "stage"]]
+                     .to_dict("records")}}
+
+
+def claim_markdown(claim) -> list:
+    peak = claim["peak"]
+    lines = ["", f"The authors' claim: `deepmind` in bfloat16 at {claim['preset']} (0.25 deg, "
+             f"37 levels, batch 1) against {TPU_V4_GIB:g} GiB per TPU v4 chip. Compiled "
+             "total = arguments + outputs + temp; each row names what it changes from "
+             "`deepmind` (`lean` is gclab's whole recipe):", "",
+             "| step | change | temp | total | fits 32 GiB |", "|---|---|---:|---:|---|"]
+    for r in claim["rows"]:
+        lines.append(f"| {r['step']} | {r['change']} | {format_bytes(r['temp_bytes'])} | "
+                     f"{format_bytes(r['total_bytes'])} | {'yes' if r['fits_tpu_v4'] else 'no'} |")
+    lines += ["", f"Largest buffers live at the peak of `deepmind` in bfloat16 "
+              f"({format_bytes(peak['peak_bytes'])} in '{peak['stage']}'; "
+              f"{format_bytes(peak['float32_bytes'])} of it float32; "
+              f"{peak['grid_sized_buffers']} buffers with one row per grid node hold "
+              f"{format_bytes(peak['grid_sized_bytes'])}):", "",
+              "| buffer | HLO type | bytes | made in |", "|---|---|---:|---|"]
+    for b in peak["buffers"]:
+        lines.append(f"| {b['instruction']} | {b['shape']} | {format_bytes(b['bytes'])} | "
+                     f"{b['stage']} |")
+    return lines
 
 
 def targets(rows, rollouts, timing) -> list:
@@ -234,7 +314,7 @@ def targets(rows, rollouts, timing) -> list:
     return out
 
 
-def markdown(hw, rows, rollouts, timing, checks, norms=()) -> str:
+def markdown(hw, rows, rollouts, timing, checks, norms=(), claim=None) -> str:
     lines = [f"# Compiled memory of one training step ({hw['backend']})", "",
              f"Hardware: {hw['device']} ({hw['platform']}, {hw['cpu_count']} cores); "
              f"jax {hw['jax']}; gclab {hw['gclab']}; {hw['date']}.",
@@ -270,6 +350,8 @@ def markdown(hw, rows, rollouts, timing, checks, norms=()) -> str:
             lines.append(f"| {n['recipe']} | {n['layer_norm']} | {n['output_rel']:.4f} | "
                          f"{n['grad_rel']:.4f} | {n['worst_param_grad_rel']:.4f} | "
                          f"{n['grad_cosine']:.5f} |")
+    if claim:
+        lines += claim_markdown(claim)
     if rollouts:
         lines += ["", "Rollout (per-step remat in the processor), temp by rollout length T:", "",
                   "| T | without rollout remat | with rollout remat |", "|---:|---:|---:|"]
@@ -291,14 +373,21 @@ def markdown(hw, rows, rollouts, timing, checks, norms=()) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="4 deg presets only")
-    parser.add_argument("--only", choices=["f32", "bf16"],
+    parser.add_argument("--only", choices=["f32", "bf16", "claim"],
                         help="re-measure this precision's rows (and, for bf16, the LayerNorm "
-                             "errors); keep everything else of the recorded file")
+                             "errors), or only the authors' claim; keep everything else of "
+                             "the recorded file")
     args = parser.parse_args()
     hw = hardware()
     presets = ["cpu-16x512"] if args.quick else ["cpu-16x512", "graphcast-small", "graphcast"]
     path = RESULTS / f"memory-{hw['backend']}.json"
-    if args.only:
+    if args.only == "claim":
+        record = json.loads(path.read_text())
+        rows, rollouts, timing = record["recipes"], record["rollout"], record["step_time"]
+        norms = record.get("layer_norm_bf16_error", [])
+        record["authors_claim"] = authors_claim()
+        record["hardware_claim"] = hw
+    elif args.only:
         record = json.loads(path.read_text())
         order = {p: i for i, p in enumerate(presets)}
         rows = [r for r in record["recipes"] if r["precision"] != args.only]
@@ -317,12 +406,16 @@ def main() -> int:
         norms = layer_norm_errors()
         record = {"hardware": hw, "recipes": rows, "rollout": rollouts, "step_time": timing,
                   "layer_norm_bf16_error": norms}
+        if not args.quick:
+            record["authors_claim"] = authors_claim()
     record["targets"] = checks = targets(rows, rollouts, timing)
-    text = markdown(record["hardware"], rows, rollouts, timing, checks, norms)
-    for precision in ("f32", "bf16"):
+    text = markdown(record["hardware"], rows, rollouts, timing, checks, norms,
+                    record.get("authors_claim"))
+    for precision in ("f32", "bf16", "claim"):
         if f"hardware_{precision}" in record:
             again = record[f"hardware_{precision}"]
-            text = text.replace("\n\n", f"\n\nThe {precision} rows were measured again on "
+            what = "authors' claim" if precision == "claim" else f"{precision} rows"
+            text = text.replace("\n\n", f"\n\nThe {what} were measured again on "
                                 f"{again['device']} ({again['cpu_count']} cores), jax "
                                 f"{again['jax']}, {again['date']}.\n", 1)
     RESULTS.mkdir(parents=True, exist_ok=True)

@@ -50,6 +50,17 @@ def memory_block() -> str:
     lines += ["", f"Rollouts with `rollout_remat`: 12 steps need {rollout['value']:.2f}x the "
               "temp of one. Targets met: "
               f"{sum(c['met'] for c in checks.values())} of {len(checks)} (see the full table)."]
+    claim = record.get("authors_claim")
+    if claim:
+        steps = {r["step"]: r for r in claim["rows"]}
+        peak = claim["peak"]
+        lines += ["", "The authors' recipe in bfloat16 at 0.25 deg needs "
+                  f"{_gib(steps['deepmind']['total_bytes'])} in all (arguments + outputs + temp) "
+                  "against the 32 GB per TPU v4 chip GraphCast was trained in: "
+                  f"{_gib(peak['grid_sized_bytes'])} of its "
+                  f"{_gib(peak['peak_bytes'])} peak are buffers with one row per grid node. "
+                  "Streaming the grid nodes through its edge blocks too brings it to "
+                  f"{_gib(steps['stream-grid-nodes']['total_bytes'])}."]
     return "\n".join(lines)
 
 
