@@ -429,6 +429,11 @@ def markdown(record: dict) -> str:
         f"`{p['official']['commit']}` ({p['official']['commit_date']}); gclab at commit "
         f"`{p['gclab']['commit']}`.",
         "Versions: " + ", ".join(f"{k} {val}" for k, val in v.items() if val) + ".", "",
+        *[f"Measured again: {r['what']}, {r['provenance']['date']}, gclab at commit "
+          f"`{r['provenance']['gclab']['commit']}`, official at "
+          f"`{r['provenance']['official']['commit']}`, jax {r['provenance']['versions']['jax']}, "
+          f"on {r['provenance']['hardware']['cpu_model']}.\n"
+          for r in record.get("remeasured", [])],
         "Ratios are gclab / official (below 1: gclab needs less).", "",
         "## Compiled memory of one loss-and-gradient step (batch 1, one target step)", "",
         "| configuration | precision | official temp | gclab temp | ratio | "
@@ -538,6 +543,9 @@ def main() -> int:
                         help="seconds for each measurement's process")
     parser.add_argument("--repeats", type=int, default=5, help="timed calls per step time")
     parser.add_argument("--output-dir", type=Path, default=RESULTS)
+    parser.add_argument("--only-memory", choices=["f32", "bf16"],
+                        help="measure again only the compiled-memory rows of this precision "
+                             "(both sides) and keep the rest of the recorded file")
     parser.add_argument("--report-only", action="store_true",
                         help="rewrite the .md from the .json of an earlier run")
     parser.add_argument("--child", help=argparse.SUPPRESS)
@@ -560,12 +568,23 @@ def main() -> int:
     import jax
 
     record = {"benchmark": "official_side_by_side", "provenance": provenance(Path(official))}
+    path = args.output_dir / f"official-{jax.default_backend()}.json"
+    if args.only_memory:
+        if not path.is_file():
+            parser.error(f"--only-memory: no recorded {path} to keep the rest of")
+        again = record["provenance"]
+        record = json.loads(path.read_text())
+        record["memory"] = [r for r in record["memory"] if r["precision"] != args.only_memory]
+        record.setdefault("remeasured", []).append(
+            {"what": f"compiled memory, {args.only_memory}", "provenance": again})
+    precisions = (args.only_memory,) if args.only_memory else ("f32", "bf16")
     with tempfile.TemporaryDirectory(prefix="gclab-official-bench-") as cache:
         env = {**os.environ, "GCLAB_CACHE_DIR": cache,
                "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-        record["memory"] = []
+        if not args.only_memory:
+            record["memory"] = []
         for name in CONFIGS:
-            for precision in ("f32", "bf16"):
+            for precision in precisions:
                 row = {"config": name, "label": describe(name), "precision": precision}
                 for side in ("official", "gclab"):
                     if name == FULL and args.skip_full:
@@ -578,6 +597,10 @@ def main() -> int:
                     row["ratio_temp"] = _ratio(row["gclab"]["temp_bytes"],
                                                row["official"]["temp_bytes"])
                 record["memory"].append(row)
+        order = {name: i for i, name in enumerate(CONFIGS)}
+        record["memory"].sort(key=lambda r: (order[r["config"]], r["precision"] != "f32"))
+        if args.only_memory:
+            return _save(record, args.output_dir, jax.default_backend())
 
         record["step_time"] = []
         for precision in TIME_PRECISIONS:
@@ -606,12 +629,14 @@ def main() -> int:
                 g["peak_rss_bytes"] - g["rss_after_imports_bytes"],
                 o["peak_rss_bytes"] - o["rss_after_imports_bytes"])
         record["graph_build"] = gb
+    return _save(record, args.output_dir, jax.default_backend())
 
-    backend = jax.default_backend()
-    args.output_dir.mkdir(parents=True, exist_ok=True)
-    _write(args.output_dir / f"official-{backend}.json", json.dumps(record, indent=1) + "\n")
+
+def _save(record: dict, output_dir: Path, backend: str) -> int:
+    output_dir.mkdir(parents=True, exist_ok=True)
+    _write(output_dir / f"official-{backend}.json", json.dumps(record, indent=1) + "\n")
     text = markdown(record)
-    _write(args.output_dir / f"official-{backend}.md", text)
+    _write(output_dir / f"official-{backend}.md", text)
     print(text)
     return 0
 
