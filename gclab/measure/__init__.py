@@ -22,6 +22,7 @@ from gclab.measure.compiled import (
     compiled_memory,
     format_bytes,
     memory_of_compiled,
+    plan_only_options,
 )
 from gclab.measure.eager import op_by_op_bytes
 from gclab.measure.hlo import flops, fusion_counts, hlo_computations, largest_fusion
@@ -54,6 +55,6 @@ __all__ = [
     "compile_timed", "compile_with_timeline", "compiled_memory", "flops", "format_bytes",
     "fusion_counts", "hlo_computations", "indexed_by", "label_op", "largest_fusion", "measure_peak",
     "median_seconds", "memory_of_compiled", "memory_timeline", "module_of_scope",
-    "op_by_op_bytes", "saved_residuals_df", "summarize_residuals", "timeline_from_dump",
-    "track_host_memory",
+    "op_by_op_bytes", "plan_only_options", "saved_residuals_df", "summarize_residuals",
+    "timeline_from_dump", "track_host_memory",
 ]

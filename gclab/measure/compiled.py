@@ -21,7 +21,18 @@ import jax
 from gclab.limits import format_bytes
 
 __all__ = ["CompiledMemory", "compile_fn", "compile_timed", "compiled_memory", "format_bytes",
-           "memory_of_compiled"]
+           "memory_of_compiled", "plan_only_options"]
+
+
+def plan_only_options() -> dict | None:
+    """XLA options for a compile that is read, never run: on CPU, LLVM optimisation off.
+
+    ``xla_backend_optimization_level`` sets how hard LLVM optimises the generated
+    machine code; buffer assignment happens before, on the optimised HLO, so the memory
+    figures and the timeline are the same (tested for every recipe) and the compile takes
+    about half the time. Functions compiled to run keep the default.
+    """
+    return {"xla_backend_optimization_level": 0} if jax.default_backend() == "cpu" else None
 
 
 # --------------------------------------------------------------------------- planned
@@ -161,6 +172,8 @@ def compiled_memory(
 ) -> CompiledMemory:
     """XLA's memory plan of `jax.jit(fn)(*args, **kwargs)`, without running it.
 
+    Compiled with `plan_only_options` (the plan is read, the code never runs).
+
     Args:
       fn: the function to size (typically a training step).
       *args: arrays or `jax.ShapeDtypeStruct` pytrees; shapes allocate nothing.
@@ -172,7 +185,7 @@ def compiled_memory(
       A `CompiledMemory`.
     """
     compiled, seconds = compile_timed(
-        fn, args, kwargs, static_argnums, donate_argnums, None
+        fn, args, kwargs, static_argnums, donate_argnums, plan_only_options()
     )
     return memory_of_compiled(compiled, seconds)
 

@@ -76,7 +76,12 @@ import numpy as np
 import pandas as pd
 from jax.experimental.compilation_cache.compilation_cache import reset_cache
 
-from gclab.measure.compiled import compile_timed, format_bytes, memory_of_compiled
+from gclab.measure.compiled import (
+    compile_timed,
+    format_bytes,
+    memory_of_compiled,
+    plan_only_options,
+)
 from gclab.memory.remat import STEP_SCOPE_PREFIX
 
 __all__ = [
@@ -792,8 +797,8 @@ def memory_timeline(
 ) -> Timeline:
     """Memory timeline of ``jax.jit(fn)(*args, **kwargs)`` from XLA's buffer assignment.
 
-    Compiles (never runs) `fn` with XLA dumping enabled for this compile only, then
-    reads the schedule, live ranges and buffer assignment of the optimised module.
+    Compiles (never runs) `fn` with `plan_only_options` and, for this compile only, XLA's
+    dump; then reads the schedule, live ranges and buffer assignment of the optimised module.
 
     Args:
       fn: function to analyse (typically a training step or ``jax.grad(loss)``).
@@ -813,7 +818,7 @@ def memory_timeline(
     return compile_with_timeline(
         fn, *args, stage_rules=stage_rules, static_argnums=static_argnums,
         donate_argnums=donate_argnums, name=name, keep_dump=keep_dump,
-        unroll_loops=unroll_loops, **kwargs,
+        unroll_loops=unroll_loops, compiler_options=plan_only_options(), **kwargs,
     )[2]
 
 

@@ -30,7 +30,12 @@ from gclab.devices import usable_bytes
 from gclab.geometry.graphs import Graphs, graphs_for
 from gclab.limits import MAX_PLANNED_BYTES, host_memory_bytes, require_fits
 from gclab.measure.collectives import collective_bytes
-from gclab.measure.compiled import CompiledMemory, compile_timed, memory_of_compiled
+from gclab.measure.compiled import (
+    CompiledMemory,
+    compile_timed,
+    memory_of_compiled,
+    plan_only_options,
+)
 from gclab.measure.timeline import compile_with_timeline
 from gclab.memory.config import MemoryConfig, recipe_name
 from gclab.model.graphcast import graph_inputs, make_network, param_shapes
@@ -289,17 +294,6 @@ def compile_train_step(spec: StepSpec, graphs: Optional[Graphs] = None, *,
     if mesh is not None:
         real = training.place_step_args(mesh, *real)
     return CompiledStep(spec, memory, lines, _runner(compiled, real, mesh), collectives)
-
-
-def plan_only_options() -> Optional[dict]:
-    """XLA options for a compile that is read, never run: on CPU, LLVM optimisation off.
-
-    ``xla_backend_optimization_level`` sets how hard LLVM optimises the generated
-    machine code; buffer assignment happens before, on the optimised HLO, so the memory
-    figures and the timeline are the same (tested for every recipe) and the compile is
-    faster. Steps compiled to run (`compile_train_step(live=True)`) keep the default.
-    """
-    return {"xla_backend_optimization_level": 0} if jax.default_backend() == "cpu" else None
 
 
 def _random_args(abstract_args, graphs: Graphs, seed: int):
