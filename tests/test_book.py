@@ -4,6 +4,7 @@ from the repository named in `_config.yml` and leaves Colab's JAX alone."""
 
 import json
 import re
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -68,6 +69,21 @@ def test_colab_cell_installs_from_the_configured_repository(name):
     packages = " ".join(installs)
     assert not re.search(r"[\"']jax(lib)?[\"'=<>\[]", packages)
     assert "--no-deps" in installs[0]
+
+
+# Packages of gclab's dependencies that a Colab runtime ships (its JAX must stay).
+COLAB_SHIPS = {"jax", "jaxlib", "numpy", "scipy", "pandas", "matplotlib", "tqdm",
+               "orbax-checkpoint"}
+
+
+@pytest.mark.parametrize("name", CHAPTERS)
+def test_colab_cell_installs_every_dependency_colab_lacks(name):
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    needed = {re.split(r"[<>=!~\[ ]", d)[0].lower() for d in project["dependencies"]}
+    setup = next(src for kind, src, _ in _cells(name) if kind == "code")
+    installs = " ".join(re.findall(r"pip \+ \[([^\]]*)\]", setup))
+    installed = set(re.findall(r"[\"']([a-z][\w.-]*)[\"']", installs))
+    assert needed - COLAB_SHIPS <= installed, f"{name}: Colab lacks {needed - COLAB_SHIPS - installed}"
 
 
 @pytest.mark.parametrize("name", CHAPTERS)
