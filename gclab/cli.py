@@ -444,6 +444,10 @@ def cmd_timeline(args) -> int:
         tl = train_step_timeline(spec)
         print(f"{spec.title()}: peak {format_bytes(tl.peak_bytes)} at {tl.peak_stage} "
               f"(compiled temp {format_bytes(tl.temp_bytes)})")
+        if args.peak:
+            table = tl.peak_table(top=args.peak)
+            table["bytes"] = table["bytes"].map(format_bytes)
+            print(table.to_string(index=False, max_colwidth=80))
         timelines.append(tl)
         labels.append(spec.memory_label())
     if args.plot:
@@ -656,6 +660,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", type=_output_file(PLOT_SUFFIXES), metavar="FILE.png",
                    help="save the timeline picture (the suffix sets the format: png, pdf, "
                    "svg, ...)")
+    p.add_argument("--peak", type=_count(1), metavar="N",
+                   help="list the N largest buffers live at the peak (type, bytes, stage, op)")
     p.set_defaults(func=cmd_timeline)
 
     p = sub.add_parser("sweep", help="configs x techniques, compiled and/or measured "

@@ -117,6 +117,7 @@ SENSELESS = [
     (["memory", "--preset", "cpu-4x32", *TINY], ["not both"]),
     (["memory", "--resolution", "6"], ["--mesh-splits"]),
     (["timeline", *TINY_NET, "--recipe", "none,,lean"], ["--recipe none,,lean"]),
+    (["timeline", *TINY_NET, "--peak", "0"], ["--peak 0", ">= 1"]),
     (["sweep", *TINY, "--latents", "8,x", "--out", "x.json"], ["--latents 8,x"]),
     (["sweep", *TINY, "--latents", "", "--out", "x.json"], ["--latents ''"]),
     (["sweep", *TINY, "--latents", "8,-8", "--out", "x.json"], ["--latents 8,-8", ">= 1"]),
