@@ -9,6 +9,8 @@ Commands:
   sweep      a grid of configs x techniques, compiled and/or measured
   plan       the technique settings that fit a memory budget
   train      train on synthetic weather, on one device or a layout over several
+  forecast   an autoregressive forecast from a published checkpoint and weather files
+  stats      normalisation statistics of a weather dataset (the three official files)
 
 Every error in what you type is reported in one line, `gclab COMMAND: error: --option
 VALUE: what is allowed`, with exit status 2, before any work starts (output paths
@@ -33,6 +35,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 import jax
+import numpy as np
 import tqdm
 from matplotlib.backend_bases import FigureCanvasBase
 
@@ -62,6 +65,19 @@ from gclab.sizing.step import StepSpec, compile_train_step, train_step_timeline
 from gclab.sizing.sweep import MEASURES, save_sweep, sweep
 from gclab.sizing.sweep import grid as sweep_grid
 from gclab.training.loop import DEFAULT_SCHEDULE_STEPS, train
+from gclab.weather import (
+    CheckpointError,
+    DataError,
+    check_dataset,
+    compute_stats,
+    load_stats,
+    normalization_from_stats,
+    open_dataset,
+    read_checkpoint,
+    write_dataset,
+    write_stats,
+)
+from gclab.weather.forecast import forecast
 
 #: File types a picture can be saved as (matplotlib's, from the name's suffix; not pgf,
 #: which needs a LaTeX installation).
@@ -237,6 +253,53 @@ def _checkpoint_dir(text: str) -> Path:
         raise _bad(text, "a directory (this is a file)")
     if not path.exists() and not path.parent.is_dir():
         raise _bad(text, f"a directory whose parent exists (no {path.parent})")
+    return path
+
+
+def _without_path(text: str, message: str) -> str:
+    """A file error's message without the file name it starts with (the option names it)."""
+    return message[len(text) + 2:] if message.startswith(f"{text}: ") else message
+
+
+def _checkpoint_file(text: str):
+    """A published-format checkpoint, read and checked now (`gclab.weather.Checkpoint`)."""
+    try:
+        return read_checkpoint(text)
+    except CheckpointError as e:
+        raise _bad(text, _without_path(text, str(e))) from None
+
+
+def _dataset(text: str):
+    """A weather dataset (netCDF file or zarr folder), opened lazily now."""
+    try:
+        return open_dataset(text)
+    except DataError as e:
+        raise _bad(text, _without_path(text, str(e))) from None
+
+
+def _stats_dir(text: str):
+    """A folder with the three official statistics files, read now."""
+    try:
+        return load_stats(text)
+    except DataError as e:
+        message = str(e)
+        for name in ("mean_by_level.nc", "stddev_by_level.nc", "diffs_stddev_by_level.nc"):
+            message = message.replace(str(Path(text) / name), name)
+        raise _bad(text, _without_path(text, message)) from None
+
+
+def _output_folder(text: str) -> Path:
+    """A folder to write into: created if its parent exists, checked writable now."""
+    path = Path(text)
+    if path.exists() and not path.is_dir():
+        raise _bad(text, "a folder (this is a file)")
+    if not path.exists() and not path.parent.is_dir():
+        raise _bad(text, f"a folder whose parent exists (no {path.parent})")
+    if path.exists():
+        try:
+            check_writable_folder(path)
+        except OutputPathError as e:
+            raise _bad(text, e.reason) from None
     return path
 
 
@@ -620,6 +683,39 @@ def cmd_train(args) -> int:
     return 0
 
 
+def cmd_forecast(args) -> int:
+    ckpt = args.checkpoint
+    model, task = ckpt.model, ckpt.task
+    lat = np.linspace(-90.0, 90.0, model.n_lat)
+    lon = np.arange(model.n_lon) * model.resolution
+    try:  # the files against each other, before any graph is built
+        ds = check_dataset(args.data, task, lat, lon)
+        normalization_from_stats(args.stats, task)
+    except DataError as e:
+        raise UsageError(f"--data/--stats: {e}") from None
+    if ds.sizes["time"] < args.forecast_steps + 2:
+        raise UsageError(f"--forecast-steps {args.forecast_steps}: at most "
+                         f"{ds.sizes['time'] - 2} (the dataset has {ds.sizes['time']} time "
+                         f"steps: 2 input frames, and the forcings of each step)")
+    pred = forecast(ckpt, ds, args.stats, args.forecast_steps)
+    write_dataset(pred, args.out)
+    print(f"wrote {args.forecast_steps} step(s) of {len(pred.data_vars)} variables, batch "
+          f"{pred.sizes['batch']}, to {args.out}")
+    return 0
+
+
+def cmd_stats(args) -> int:
+    try:
+        stats = compute_stats(args.data)
+    except DataError as e:
+        raise UsageError(f"--data: {e}") from None
+    args.out.mkdir(exist_ok=True)
+    write_stats(stats, args.out)
+    print(f"wrote mean_by_level.nc, stddev_by_level.nc, diffs_stddev_by_level.nc "
+          f"({len(stats.mean.data_vars)} variables) to {args.out}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="gclab", description=__doc__.split("\n\n")[0],
                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -718,6 +814,31 @@ def build_parser() -> argparse.ArgumentParser:
     _add_parallel_args(p, processes=True)
     p.add_argument("--json", action="store_true", help="print JSON ({\"losses\": [...], ...})")
     p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("forecast", help="autoregressive forecast from a checkpoint and "
+                       "official-layout weather")
+    p.add_argument("--checkpoint", type=_checkpoint_file, required=True, metavar="FILE.npz",
+                   help="a checkpoint in the published format (params, model_config, "
+                   "task_config)")
+    p.add_argument("--data", type=_dataset, required=True, metavar="PATH",
+                   help="netCDF file (or zarr folder) in the official layout: the first two "
+                   "time steps are the inputs, the next ones give the forcings")
+    p.add_argument("--stats", type=_stats_dir, required=True, metavar="DIR",
+                   help="folder with mean_by_level.nc, stddev_by_level.nc, "
+                   "diffs_stddev_by_level.nc")
+    p.add_argument("--forecast-steps", type=_count(1), required=True, metavar="N",
+                   help="6-hour steps to predict")
+    p.add_argument("--out", type=_output_file((".nc",)), required=True, metavar="FILE.nc",
+                   help="write the prediction (official rollout layout) as netCDF")
+    p.set_defaults(func=cmd_forecast)
+
+    p = sub.add_parser("stats", help="normalisation statistics of a weather dataset")
+    p.add_argument("--data", type=_dataset, required=True, metavar="PATH",
+                   help="netCDF file or zarr folder in the official layout")
+    p.add_argument("--out", type=_output_folder, required=True, metavar="DIR",
+                   help="folder to write mean_by_level.nc, stddev_by_level.nc and "
+                   "diffs_stddev_by_level.nc into")
+    p.set_defaults(func=cmd_stats)
     return parser
 
 

@@ -300,6 +300,11 @@ def check_params(params: Mapping, model: ModelConfig, task: TaskConfig,
 
 def read_flat(path: PathLike) -> dict:
     """The `{key: array}` dict of an `.npz` file, read without pickle."""
+    if os.path.isfile(path) and not zipfile.is_zipfile(path):
+        raise CheckpointError(f"{path}: not a checkpoint (an .npz file is a zip archive, "
+                              f"this is not one)")
+    if os.path.isdir(path):
+        raise CheckpointError(f"{path}: not a checkpoint (a folder, not an .npz file)")
     try:
         with np.load(path, allow_pickle=False) as data:
             return {key: data[key] for key in data.files}

@@ -159,9 +159,9 @@ def open_dataset(path: PathLike):
             return xarray.open_zarr(path, chunks={})
         return xarray.open_dataset(path, engine="h5netcdf" if _is_hdf5(path) else None)
     except Exception as e:  # noqa: BLE001 - every backend raises its own error types
+        first = str(e).split(". ")[0].splitlines()[0] if str(e) else ""
         raise DataError(f"{path}: not a readable netCDF or zarr dataset "
-                        f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
-                        ) from None
+                        f"({type(e).__name__}: {first})") from None
 
 
 def _is_hdf5(path: Path) -> bool:
