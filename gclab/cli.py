@@ -66,14 +66,19 @@ from gclab.sizing.sweep import MEASURES, save_sweep, sweep
 from gclab.sizing.sweep import grid as sweep_grid
 from gclab.training.loop import DEFAULT_SCHEDULE_STEPS, train
 from gclab.weather import (
+    Checkpoint,
     CheckpointError,
     DataError,
+    DatasetWeather,
     check_dataset,
     compute_stats,
     load_stats,
     normalization_from_stats,
     open_dataset,
+    params_to_gclab_channels,
+    params_to_official_channels,
     read_checkpoint,
+    write_checkpoint,
     write_dataset,
     write_stats,
 )
@@ -649,9 +654,42 @@ def start_devices(args) -> None:
         initialize_processes(args.coordinator, args.num_processes, args.process_id)
 
 
+def _train_sources(args):
+    """(model, task, weather or None, init params or None) of `gclab train`'s options."""
+    ckpt = args.init_checkpoint
+    if ckpt is not None:
+        given = [f"--{k.replace('_', '-')}" for k in ("preset", "resolution", "mesh_splits",
+                                                      "radius_fraction", "latent", "steps",
+                                                      "levels") if getattr(args, k) is not None]
+        if given:
+            raise UsageError(f"{given[0]}: leave it out with --init-checkpoint (the "
+                             f"checkpoint sets the model and task)")
+        model, task = ckpt.model, ckpt.task
+    else:
+        model, task = _resolve_model(args)
+    if (args.data is None) != (args.stats is None):
+        raise UsageError("--data and --stats go together (training on real data needs "
+                         "its normalisation statistics: gclab stats --data PATH --out DIR)")
+    weather = None
+    if args.data is not None:
+        lat = np.linspace(-90.0, 90.0, model.n_lat)
+        lon = np.arange(model.n_lon) * model.resolution
+        try:
+            weather = DatasetWeather(args.data, task, args.stats, lat, lon)
+        except DataError as e:
+            raise UsageError(f"--data/--stats: {e}") from None
+        if weather.windows(args.rollout) < 1:
+            raise UsageError(f"--rollout {args.rollout}: the dataset has "
+                             f"{args.data.sizes['time']} time steps, a rollout of "
+                             f"{args.rollout} needs {args.rollout + 2}")
+    params = None if ckpt is None else params_to_gclab_channels(ckpt.params, task,
+                                                                 model.hidden_layers)
+    return model, task, weather, params
+
+
 def cmd_train(args) -> int:
     layout = args.layout
-    model, task = _resolve_model(args)
+    model, task, weather, init_params = _train_sources(args)
     memory = _resolve_memory(args, args.recipe)
     lead = jax.process_index() == 0
     progress = functools.partial(tqdm.tqdm, desc="gclab train", unit="step", file=sys.stderr,
@@ -661,9 +699,18 @@ def cmd_train(args) -> int:
                    learning_rate=args.learning_rate, schedule_steps=args.schedule_steps,
                    checkpoint_dir=None if args.checkpoint_dir is None
                    else str(args.checkpoint_dir.resolve()),
-                   progress=progress)
+                   progress=progress, weather=weather, init_params=init_params)
     if not lead:
         return 0
+    if args.save_checkpoint is not None:
+        params = jax.tree_util.tree_map(np.asarray, jax.device_get(result.state.params))
+        init = args.init_checkpoint
+        ckpt = Checkpoint.from_gclab(
+            params_to_official_channels(params, task, model.hidden_layers), model, task,
+            f"gclab train: {result.steps} steps"
+            + (f" from {init.description}" if init is not None and init.description else ""),
+            init.license if init is not None else "")
+        write_checkpoint(args.save_checkpoint, ckpt)
     record = {"losses": result.losses, "grad_norms": result.grad_norms,
               "first_step": result.first_step, "steps": result.steps,
               "checkpoint_step": result.checkpoint, "devices": layout.devices,
@@ -795,7 +842,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_plan)
 
-    p = sub.add_parser("train", help="train on synthetic weather (one device or a layout)")
+    p = sub.add_parser("train", help="train on synthetic or real weather (one device or a "
+                       "layout), from scratch or from published weights")
     _add_model_args(p)
     _add_memory_args(p)
     g = p.add_argument_group("training")
@@ -811,6 +859,18 @@ def build_parser() -> argparse.ArgumentParser:
                    "resuming)")
     g.add_argument("--checkpoint-dir", type=_checkpoint_dir, metavar="DIR",
                    help="resume from the latest checkpoint in DIR, and save there at the end")
+    g = p.add_argument_group("real weather and published weights")
+    g.add_argument("--data", type=_dataset, metavar="PATH",
+                   help="train on this dataset (netCDF file or zarr folder, official layout) "
+                   "instead of synthetic weather; needs --stats")
+    g.add_argument("--stats", type=_stats_dir, metavar="DIR",
+                   help="folder with mean_by_level.nc, stddev_by_level.nc, "
+                   "diffs_stddev_by_level.nc")
+    g.add_argument("--init-checkpoint", type=_checkpoint_file, metavar="FILE.npz",
+                   help="start from these weights (published format); the checkpoint sets "
+                   "the model and task")
+    g.add_argument("--save-checkpoint", type=_output_file((".npz",)), metavar="FILE.npz",
+                   help="write the trained weights in the published format")
     _add_parallel_args(p, processes=True)
     p.add_argument("--json", action="store_true", help="print JSON ({\"losses\": [...], ...})")
     p.set_defaults(func=cmd_train)

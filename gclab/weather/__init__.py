@@ -21,6 +21,7 @@ from gclab.weather.checkpoint import (
 )
 from gclab.weather.dataset import (
     DataError,
+    DatasetWeather,
     Stats,
     add_derived_vars,
     channel_permutations,
@@ -39,7 +40,8 @@ from gclab.weather.dataset import (
 
 __all__ = [
     "Checkpoint", "CheckpointError", "OfficialTask", "from_flat", "read_checkpoint",
-    "read_flat", "to_flat", "write_checkpoint", "DataError", "Stats", "add_derived_vars",
+    "read_flat", "to_flat", "write_checkpoint", "DataError", "DatasetWeather", "Stats",
+    "add_derived_vars",
     "channel_permutations", "check_dataset", "compute_stats", "load_stats",
     "normalization_from_stats", "open_dataset", "params_to_gclab_channels",
     "params_to_official_channels", "raw_example", "synthetic_dataset", "write_dataset",

@@ -439,3 +439,59 @@ def synthetic_dataset(weather: SyntheticWeather, frames: int, start: int = 0,
                   "timedelta64[h]").astype("timedelta64[ns]")),
               "datetime": (("batch", "time"), datetime.astype("datetime64[ns]"))}
     return xarray.Dataset(out, coords=coords)
+
+
+# ----------------------------------------------------------------------------------------
+# Training examples from a dataset.
+
+
+class DatasetWeather:
+    """Training examples drawn from an official-layout dataset, one window at a time.
+
+    The same interface as `gclab.training.data.SyntheticWeather` for `gclab.training.train`
+    (`normalization()`, `make_batch(batch, rollout, start)`), so any memory recipe trains
+    on real data unchanged. A window is (batch row, first input frame); windows are
+    numbered batch row by batch row, and `make_batch` takes windows
+    `(start - 1) // SAMPLE_SPACING + j` (modulo their count), which is how the training
+    loop's `batch_start` numbers samples: consecutive steps take consecutive windows.
+    Only the frames of the windows asked for are read (the dataset stays lazy).
+
+    Args:
+      ds: a dataset (lazy is best), checked with `check_dataset` against the grid.
+      task: the channel layout.
+      stats: the three statistics datasets.
+      grid_lat, grid_lon: the model's grid (degrees).
+    """
+
+    def __init__(self, ds, task: TaskConfig, stats: Stats, grid_lat: np.ndarray,
+                 grid_lon: np.ndarray) -> None:
+        self.task = task
+        self.ds = check_dataset(ds, task, grid_lat, grid_lon)
+        self._norm = normalization_from_stats(stats, task)
+        self.batch_rows = self.ds.sizes.get("batch", 1)
+
+    def windows(self, rollout: int) -> int:
+        """How many (batch row, first frame) windows a rollout of T steps has."""
+        return self.batch_rows * max(0, self.ds.sizes["time"] - rollout - 1)
+
+    def normalization(self) -> Normalization:
+        return self._norm
+
+    def raw_batch(self, batch: int, rollout: int = 1, start: int = 1) -> RawExample:
+        from gclab.training.data import SAMPLE_SPACING
+        per_row = self.ds.sizes["time"] - rollout - 1
+        if per_row < 1:
+            raise DataError(f"the dataset has {self.ds.sizes['time']} time steps; a rollout "
+                            f"of {rollout} needs at least {rollout + 2}")
+        first = (start - 1) // SAMPLE_SPACING
+        parts = []
+        for j in range(batch):
+            w = (first + j) % self.windows(rollout)
+            row, t = divmod(w, per_row)
+            ds = self.ds.isel(batch=[row]) if "batch" in self.ds.dims else self.ds
+            parts.append(raw_example(ds, self.task, t, rollout))
+        return RawExample(*(np.concatenate(x, axis=-2) for x in zip(*parts)))
+
+    def make_batch(self, batch: int, rollout: int = 1, start: int = 1):
+        """A normalised `Example` of `batch` windows (see the class docstring)."""
+        return self._norm.normalise(self.raw_batch(batch, rollout, start))
