@@ -4,6 +4,8 @@
 |---|---|
 | `checkpoint` | published `.npz` checkpoints <-> `ModelConfig`, `TaskConfig`, parameters |
 | `dataset` | official-layout netCDF datasets and statistics <-> `RawExample`, `Normalization` |
+| `era5` | WeatherBench2-style ERA5 zarr stores, opened lazily in the official layout |
+| `forecast` | autoregressive forecasts in the official rollout's layout |
 
 xarray, h5netcdf, zarr and dask are the optional `data` extra (`pip install gclab[data]`);
 `dataset` imports xarray only where it reads or writes a dataset.

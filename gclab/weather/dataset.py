@@ -149,19 +149,31 @@ def params_to_official_channels(params: Mapping, task: TaskConfig,
 
 
 def open_dataset(path: PathLike):
-    """Opens a netCDF (or zarr folder) dataset lazily; `DataError` names what is wrong."""
+    """Opens a netCDF file or zarr folder lazily; `DataError` names what is wrong.
+
+    A WeatherBench2-style store (`latitude`/`longitude`, north to south, datetimes in
+    `time`) is turned into the official layout (`gclab.weather.era5`).
+    """
     xarray = _xarray()
     path = Path(path)
     if not path.exists():
         raise DataError(f"{path}: no such file or folder")
     try:
         if path.is_dir():
-            return xarray.open_zarr(path, chunks={})
-        return xarray.open_dataset(path, engine="h5netcdf" if _is_hdf5(path) else None)
+            ds = xarray.open_zarr(path, chunks={})
+        else:
+            ds = xarray.open_dataset(path, engine="h5netcdf" if _is_hdf5(path) else None)
     except Exception as e:  # noqa: BLE001 - every backend raises its own error types
         first = str(e).split(". ")[0].splitlines()[0] if str(e) else ""
         raise DataError(f"{path}: not a readable netCDF or zarr dataset "
                         f"({type(e).__name__}: {first})") from None
+    if "latitude" in ds.dims or "longitude" in ds.dims:  # WeatherBench2's names
+        from gclab.weather.era5 import to_official_layout
+        try:
+            return to_official_layout(ds)
+        except DataError as e:
+            raise DataError(f"{path}: {e}") from None
+    return ds
 
 
 def _is_hdf5(path: Path) -> bool:
