@@ -342,14 +342,14 @@ def check_dataset(ds, task: TaskConfig, grid_lat: Optional[np.ndarray] = None,
 
 
 def _grid(var, frames: slice) -> np.ndarray:
-    """A variable's frames as [T, Ng, B] or [T, Ng, B, levels] (float64)."""
+    """A variable's frames as [T, Ng, B] or [T, Ng, B, levels] (float32, as stored)."""
     dims = [d for d in ("time", "lat", "lon", "batch", "level") if d in var.dims]
     if "batch" not in var.dims:
         var = var.expand_dims("batch")
         dims.insert(3, "batch")
     if "time" in var.dims:
         var = var.isel(time=frames)
-    a = np.asarray(var.transpose(*dims).values, np.float64)
+    a = np.asarray(var.transpose(*dims).values, np.float32)
     if "time" not in dims:
         a = a[None]
     T, n_lat, n_lon = a.shape[:3]
