@@ -104,3 +104,17 @@ def test_bad_stores_name_the_problem(tmp_path, store):
         open_era5(path, levels=(500, 700))
     with pytest.raises(DataError, match="no time step in"):
         open_era5(path, times=slice("1990-01-01", "1990-01-02"))
+
+
+def test_gclab_stats_reads_a_weatherbench_store(tmp_path, store, capsys):
+    from gclab import cli
+    from gclab.weather import load_stats
+    path, official, _ = store
+    assert cli.main(["stats", "--data", str(path), "--out", str(tmp_path / "s")]) == 0
+    got, want = load_stats(tmp_path / "s"), compute_stats(official)
+    for name in ("temperature", "2m_temperature", "land_sea_mask", "day_progress_sin"):
+        np.testing.assert_allclose(got.mean[name].values, want.mean[name].values, rtol=1e-6)
+        np.testing.assert_allclose(got.stddev[name].values, want.stddev[name].values,
+                                   rtol=1e-6, atol=1e-12)
+    np.testing.assert_allclose(got.diffs_stddev["temperature"].values,
+                               want.diffs_stddev["temperature"].values, rtol=1e-6)
