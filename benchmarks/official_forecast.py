@@ -21,7 +21,9 @@ What it does, at a tiny configuration (10 deg grid, 1 mesh split, 2 x 16 network
    autoregressive predictor is called directly over the whole horizon (what the rollout
    does for a horizon of one chunk);
 3. gclab side: ``gclab.weather.forecast`` on the same files;
-4. compares every variable (max abs difference, and that difference over the variable's
+4. checks the checkpoint: the official ``checkpoint.dump`` of what ``checkpoint.load``
+   read from gclab's file has the same keys, dtypes and bytes;
+5. compares every variable (max abs difference, and that difference over the variable's
    standard deviation), the variable order, dims and coordinates.
 
 It writes ``benchmarks/results/official-forecast-<backend>.json`` with the hardware, the
@@ -59,6 +61,7 @@ def run(official: Path, steps: int) -> dict:
         load_stats,
         open_dataset,
         read_checkpoint,
+        read_flat,
         synthetic_dataset,
         write_checkpoint,
         write_dataset,
@@ -93,6 +96,14 @@ def run(official: Path, steps: int) -> dict:
         # Official.
         with open(tmp / "ckpt.npz", "rb") as f:
             ckpt = checkpoint.load(f, official_model.CheckPoint)
+        # The official writer, on what the official reader made of gclab's file, writes
+        # the same keys and the same bytes in every array.
+        with open(tmp / "official.npz", "wb") as f:
+            checkpoint.dump(f, ckpt)
+        ours_flat, theirs_flat = read_flat(tmp / "ckpt.npz"), read_flat(tmp / "official.npz")
+        same_checkpoint = sorted(ours_flat) == sorted(theirs_flat) and all(
+            ours_flat[k].dtype == theirs_flat[k].dtype
+            and ours_flat[k].tobytes() == theirs_flat[k].tobytes() for k in ours_flat)
         example = xarray.load_dataset(tmp / "data.nc").compute()
         inputs, targets, forcings = data_utils.extract_inputs_targets_forcings(
             example, target_lead_times=slice("6h", f"{steps * 6}h"),
@@ -133,6 +144,8 @@ def run(official: Path, steps: int) -> dict:
         "coords": {"gclab": sorted(ours.coords), "official": sorted(theirs.coords)},
         "time": {"gclab": [str(t) for t in ours.time.values],
                  "official": [str(t) for t in theirs.time.values]},
+        "checkpoint_keys": len(ours_flat),
+        "checkpoint_identical_after_official_load_and_dump": same_checkpoint,
         "comparison": rows,
         "worst_max_abs_diff_over_std": max(r["max_abs_diff_over_std"] or 0.0
                                            for r in rows.values()),
