@@ -9,6 +9,8 @@ Commands:
   sweep      a grid of configs x techniques, compiled and/or measured
   plan       the technique settings that fit a memory budget
   train      train on synthetic weather, on one device or a layout over several
+  forecast   an autoregressive forecast from a published checkpoint and weather files
+  stats      normalisation statistics of a weather dataset (the three official files)
 
 Every error in what you type is reported in one line, `gclab COMMAND: error: --option
 VALUE: what is allowed`, with exit status 2, before any work starts (output paths
@@ -33,6 +35,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 import jax
+import numpy as np
 import tqdm
 from matplotlib.backend_bases import FigureCanvasBase
 
@@ -62,6 +65,24 @@ from gclab.sizing.step import StepSpec, compile_train_step, train_step_timeline
 from gclab.sizing.sweep import MEASURES, save_sweep, sweep
 from gclab.sizing.sweep import grid as sweep_grid
 from gclab.training.loop import DEFAULT_SCHEDULE_STEPS, train
+from gclab.weather import (
+    Checkpoint,
+    CheckpointError,
+    DataError,
+    DatasetWeather,
+    check_dataset,
+    compute_stats,
+    load_stats,
+    normalization_from_stats,
+    open_dataset,
+    params_to_gclab_channels,
+    params_to_official_channels,
+    read_checkpoint,
+    write_checkpoint,
+    write_dataset,
+    write_stats,
+)
+from gclab.weather.forecast import forecast
 
 #: File types a picture can be saved as (matplotlib's, from the name's suffix; not pgf,
 #: which needs a LaTeX installation).
@@ -237,6 +258,53 @@ def _checkpoint_dir(text: str) -> Path:
         raise _bad(text, "a directory (this is a file)")
     if not path.exists() and not path.parent.is_dir():
         raise _bad(text, f"a directory whose parent exists (no {path.parent})")
+    return path
+
+
+def _without_path(text: str, message: str) -> str:
+    """A file error's message without the file name it starts with (the option names it)."""
+    return message[len(text) + 2:] if message.startswith(f"{text}: ") else message
+
+
+def _checkpoint_file(text: str):
+    """A published-format checkpoint, read and checked now (`gclab.weather.Checkpoint`)."""
+    try:
+        return read_checkpoint(text)
+    except CheckpointError as e:
+        raise _bad(text, _without_path(text, str(e))) from None
+
+
+def _dataset(text: str):
+    """A weather dataset (netCDF file or zarr folder), opened lazily now."""
+    try:
+        return open_dataset(text)
+    except DataError as e:
+        raise _bad(text, _without_path(text, str(e))) from None
+
+
+def _stats_dir(text: str):
+    """A folder with the three official statistics files, read now."""
+    try:
+        return load_stats(text)
+    except DataError as e:
+        message = str(e)
+        for name in ("mean_by_level.nc", "stddev_by_level.nc", "diffs_stddev_by_level.nc"):
+            message = message.replace(str(Path(text) / name), name)
+        raise _bad(text, _without_path(text, message)) from None
+
+
+def _output_folder(text: str) -> Path:
+    """A folder to write into: created if its parent exists, checked writable now."""
+    path = Path(text)
+    if path.exists() and not path.is_dir():
+        raise _bad(text, "a folder (this is a file)")
+    if not path.exists() and not path.parent.is_dir():
+        raise _bad(text, f"a folder whose parent exists (no {path.parent})")
+    if path.exists():
+        try:
+            check_writable_folder(path)
+        except OutputPathError as e:
+            raise _bad(text, e.reason) from None
     return path
 
 
@@ -590,9 +658,42 @@ def start_devices(args) -> None:
         initialize_processes(args.coordinator, args.num_processes, args.process_id)
 
 
+def _train_sources(args):
+    """(model, task, weather or None, init params or None) of `gclab train`'s options."""
+    ckpt = args.init_checkpoint
+    if ckpt is not None:
+        given = [f"--{k.replace('_', '-')}" for k in ("preset", "resolution", "mesh_splits",
+                                                      "radius_fraction", "latent", "steps",
+                                                      "levels") if getattr(args, k) is not None]
+        if given:
+            raise UsageError(f"{given[0]}: leave it out with --init-checkpoint (the "
+                             f"checkpoint sets the model and task)")
+        model, task = ckpt.model, ckpt.task
+    else:
+        model, task = _resolve_model(args)
+    if (args.data is None) != (args.stats is None):
+        raise UsageError("--data and --stats go together (training on real data needs "
+                         "its normalisation statistics: gclab stats --data PATH --out DIR)")
+    weather = None
+    if args.data is not None:
+        lat = np.linspace(-90.0, 90.0, model.n_lat)
+        lon = np.arange(model.n_lon) * model.resolution
+        try:
+            weather = DatasetWeather(args.data, task, args.stats, lat, lon)
+        except DataError as e:
+            raise UsageError(f"--data/--stats: {e}") from None
+        if weather.windows(args.rollout) < 1:
+            raise UsageError(f"--rollout {args.rollout}: the dataset has "
+                             f"{args.data.sizes['time']} time steps, a rollout of "
+                             f"{args.rollout} needs {args.rollout + 2}")
+    params = None if ckpt is None else params_to_gclab_channels(ckpt.params, task,
+                                                                 model.hidden_layers)
+    return model, task, weather, params
+
+
 def cmd_train(args) -> int:
     layout = args.layout
-    model, task = _resolve_model(args)
+    model, task, weather, init_params = _train_sources(args)
     memory = _resolve_memory(args, args.recipe)
     lead = jax.process_index() == 0
     progress = functools.partial(tqdm.tqdm, desc="gclab train", unit="step", file=sys.stderr,
@@ -602,9 +703,18 @@ def cmd_train(args) -> int:
                    learning_rate=args.learning_rate, schedule_steps=args.schedule_steps,
                    checkpoint_dir=None if args.checkpoint_dir is None
                    else str(args.checkpoint_dir.resolve()),
-                   progress=progress)
+                   progress=progress, weather=weather, init_params=init_params)
     if not lead:
         return 0
+    if args.save_checkpoint is not None:
+        params = jax.tree_util.tree_map(np.asarray, jax.device_get(result.state.params))
+        init = args.init_checkpoint
+        ckpt = Checkpoint.from_gclab(
+            params_to_official_channels(params, task, model.hidden_layers), model, task,
+            f"gclab train: {result.steps} steps"
+            + (f" from {init.description}" if init is not None and init.description else ""),
+            init.license if init is not None else "")
+        write_checkpoint(args.save_checkpoint, ckpt)
     record = {"losses": result.losses, "grad_norms": result.grad_norms,
               "first_step": result.first_step, "steps": result.steps,
               "checkpoint_step": result.checkpoint, "devices": layout.devices,
@@ -621,6 +731,39 @@ def cmd_train(args) -> int:
         result.checkpoint is not None) else ""
     print(f"trained to step {result.steps} on {layout.devices} {jax.default_backend()} "
           f"device(s) ({layout.spec}){where}")
+    return 0
+
+
+def cmd_forecast(args) -> int:
+    ckpt = args.checkpoint
+    model, task = ckpt.model, ckpt.task
+    lat = np.linspace(-90.0, 90.0, model.n_lat)
+    lon = np.arange(model.n_lon) * model.resolution
+    try:  # the files against each other, before any graph is built
+        ds = check_dataset(args.data, task, lat, lon)
+        normalization_from_stats(args.stats, task)
+    except DataError as e:
+        raise UsageError(f"--data/--stats: {e}") from None
+    if ds.sizes["time"] < args.forecast_steps + 2:
+        raise UsageError(f"--forecast-steps {args.forecast_steps}: at most "
+                         f"{ds.sizes['time'] - 2} (the dataset has {ds.sizes['time']} time "
+                         f"steps: 2 input frames, and the forcings of each step)")
+    pred = forecast(ckpt, ds, args.stats, args.forecast_steps)
+    write_dataset(pred, args.out)
+    print(f"wrote {args.forecast_steps} step(s) of {len(pred.data_vars)} variables, batch "
+          f"{pred.sizes['batch']}, to {args.out}")
+    return 0
+
+
+def cmd_stats(args) -> int:
+    try:
+        stats = compute_stats(args.data)
+    except DataError as e:
+        raise UsageError(f"--data: {e}") from None
+    args.out.mkdir(exist_ok=True)
+    write_stats(stats, args.out)
+    print(f"wrote mean_by_level.nc, stddev_by_level.nc, diffs_stddev_by_level.nc "
+          f"({len(stats.mean.data_vars)} variables) to {args.out}")
     return 0
 
 
@@ -705,7 +848,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_plan)
 
-    p = sub.add_parser("train", help="train on synthetic weather (one device or a layout)")
+    p = sub.add_parser("train", help="train on synthetic or real weather (one device or a "
+                       "layout), from scratch or from published weights")
     _add_model_args(p)
     _add_memory_args(p)
     g = p.add_argument_group("training")
@@ -721,9 +865,46 @@ def build_parser() -> argparse.ArgumentParser:
                    "resuming)")
     g.add_argument("--checkpoint-dir", type=_checkpoint_dir, metavar="DIR",
                    help="resume from the latest checkpoint in DIR, and save there at the end")
+    g = p.add_argument_group("real weather and published weights")
+    g.add_argument("--data", type=_dataset, metavar="PATH",
+                   help="train on this dataset (netCDF file or zarr folder, official layout) "
+                   "instead of synthetic weather; needs --stats")
+    g.add_argument("--stats", type=_stats_dir, metavar="DIR",
+                   help="folder with mean_by_level.nc, stddev_by_level.nc, "
+                   "diffs_stddev_by_level.nc")
+    g.add_argument("--init-checkpoint", type=_checkpoint_file, metavar="FILE.npz",
+                   help="start from these weights (published format); the checkpoint sets "
+                   "the model and task")
+    g.add_argument("--save-checkpoint", type=_output_file((".npz",)), metavar="FILE.npz",
+                   help="write the trained weights in the published format")
     _add_parallel_args(p, processes=True)
     p.add_argument("--json", action="store_true", help="print JSON ({\"losses\": [...], ...})")
     p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("forecast", help="autoregressive forecast from a checkpoint and "
+                       "official-layout weather")
+    p.add_argument("--checkpoint", type=_checkpoint_file, required=True, metavar="FILE.npz",
+                   help="a checkpoint in the published format (params, model_config, "
+                   "task_config)")
+    p.add_argument("--data", type=_dataset, required=True, metavar="PATH",
+                   help="netCDF file (or zarr folder) in the official layout: the first two "
+                   "time steps are the inputs, the next ones give the forcings")
+    p.add_argument("--stats", type=_stats_dir, required=True, metavar="DIR",
+                   help="folder with mean_by_level.nc, stddev_by_level.nc, "
+                   "diffs_stddev_by_level.nc")
+    p.add_argument("--forecast-steps", type=_count(1), required=True, metavar="N",
+                   help="6-hour steps to predict")
+    p.add_argument("--out", type=_output_file((".nc",)), required=True, metavar="FILE.nc",
+                   help="write the prediction (official rollout layout) as netCDF")
+    p.set_defaults(func=cmd_forecast)
+
+    p = sub.add_parser("stats", help="normalisation statistics of a weather dataset")
+    p.add_argument("--data", type=_dataset, required=True, metavar="PATH",
+                   help="netCDF file or zarr folder in the official layout")
+    p.add_argument("--out", type=_output_folder, required=True, metavar="DIR",
+                   help="folder to write mean_by_level.nc, stddev_by_level.nc and "
+                   "diffs_stddev_by_level.nc into")
+    p.set_defaults(func=cmd_stats)
     return parser
 
 

@@ -43,6 +43,6 @@ def test_layout_table_names_every_subpackage():
     layout = readme[readme.index("## Layout"):]
     packages = sorted(p.parent.name for p in (ROOT / "gclab").glob("*/__init__.py"))
     assert packages == ["geometry", "measure", "memory", "model", "parallel", "recordings",
-                        "sizing", "training"]
+                        "sizing", "training", "weather"]
     for name in packages:
         assert f"`gclab/{name}/`" in layout, name

@@ -53,6 +53,7 @@ class TrainResult:
       steps: the step count reached.
       grad_norms: the global gradient norm of each step this run took.
       checkpoint: the step a checkpoint was saved at, or None.
+      state: the final `TrainState` (parameters, optimizer state, step).
     """
 
     losses: list
@@ -60,6 +61,7 @@ class TrainResult:
     steps: int
     grad_norms: list
     checkpoint: Optional[int] = None
+    state: Optional[TrainState] = None
 
 
 DEFAULT_SCHEDULE_STEPS = 1000  # TrainConfig's default length
@@ -108,7 +110,8 @@ def train(model: ModelConfig, task: TaskConfig, steps: int, *, batch: int = 1,
           parallel: Optional[ParallelConfig] = None, seed: int = 0,
           learning_rate: float = 1e-3, schedule_steps: int = DEFAULT_SCHEDULE_STEPS,
           checkpoint_dir: Optional[str] = None,
-          progress: Optional[Callable] = None) -> TrainResult:
+          progress: Optional[Callable] = None, weather=None,
+          init_params: Optional[dict] = None) -> TrainResult:
     """Trains `model` on synthetic weather for `steps` steps (or up to it, when resuming).
 
     Args:
@@ -126,6 +129,12 @@ def train(model: ModelConfig, task: TaskConfig, steps: int, *, batch: int = 1,
       checkpoint_dir: resume from the latest checkpoint here, if any, and save the state
         at the end.
       progress: wraps the range of steps (e.g. `tqdm.tqdm`); None: no wrapping.
+      weather: where examples come from: an object with `normalization()` and
+        `make_batch(batch, rollout, start)` (`gclab.weather.DatasetWeather` for real
+        data); None: `SyntheticWeather` of `task` at the model's resolution, seeded.
+      init_params: starting parameters in gclab's tree and channel layout (e.g. a
+        published checkpoint's, `gclab.weather.params_to_gclab_channels`); None: a
+        seeded initialisation.
 
     Returns:
       A `TrainResult`.
@@ -141,12 +150,14 @@ def train(model: ModelConfig, task: TaskConfig, steps: int, *, batch: int = 1,
     graphs = graphs_for(model)
     graph = graph_inputs(graphs)
     net = make_network(model, task.data_channels, task.output_channels, memory)
-    weather = SyntheticWeather(task, model.resolution, seed=seed)
+    if weather is None:
+        weather = SyntheticWeather(task, model.resolution, seed=seed)
     norm = weather.normalization()
     optimizer = make_optimizer(schedule(schedule_steps, learning_rate))
     weights = loss_weights(task, graphs.grid_lat, graphs.n_lon)
     first = weather.make_batch(batch, rollout, batch_start(0, batch))
-    params = net.init(jax.random.PRNGKey(seed), graph, first.inputs)
+    params = init_params if init_params is not None else net.init(
+        jax.random.PRNGKey(seed), graph, first.inputs)
     state = init_state_from_params(params, optimizer)
     mesh = None
     if parallel.devices > 1:
@@ -175,4 +186,4 @@ def train(model: ModelConfig, task: TaskConfig, steps: int, *, batch: int = 1,
         losses.append(float(metrics["loss"]))
         grad_norms.append(float(metrics["grad_norm"]))
     saved = save_state(checkpoint_dir, state) if checkpoint_dir is not None else None
-    return TrainResult(losses, start, max(start, steps), grad_norms, saved)
+    return TrainResult(losses, start, max(start, steps), grad_norms, saved, state)

@@ -1,0 +1,89 @@
+"""WeatherBench2-style ERA5 zarr stores, opened lazily in the official layout.
+
+WeatherBench2's ERA5 stores (e.g. `gs://weatherbench2/datasets/era5/...zarr`) hold the
+same variable names as the official datasets, but with dims `time` (`datetime64`),
+`latitude` (north to south), `longitude` and `level`, no `batch`, and one chunk per time
+step. `open_era5` opens such a store with xarray and dask without reading any array,
+renames the dims, sorts latitude south to north, selects times and levels, and adds the
+official `batch` dim and `datetime` coordinate, so that `gclab.weather.DatasetWeather`,
+`forecast` and `compute_stats` use it unchanged. Arrays are read only when an example
+asks for them, one time step's chunks at a time: host memory stays about one example
+(a 0.25 deg, 37-level time step is about 1 GB in float32), however long the store is.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Optional, Sequence, Union
+
+import numpy as np
+
+from gclab.weather.dataset import DataError
+
+PathLike = Union[str, os.PathLike]
+RENAMES = {"latitude": "lat", "longitude": "lon"}
+
+
+def is_weatherbench(ds) -> bool:
+    """Whether a dataset has WeatherBench2's names (`latitude`, `longitude`)."""
+    return "latitude" in ds.dims or "longitude" in ds.dims
+
+
+def to_official_layout(ds, times: Optional[slice] = None,
+                       levels: Optional[Sequence[int]] = None):
+    """A WeatherBench2-style dataset (lazy) -> the official layout (still lazy).
+
+    Args:
+      ds: dims time (datetime64), latitude, longitude[, level].
+      times: a `slice` of datetimes (strings such as "2020-01-01T00" work), or None.
+      levels: pressure levels to keep, or None for all.
+    """
+    for dim in ("time", "latitude", "longitude"):
+        if dim not in ds.dims:
+            raise DataError(f"WeatherBench2 dataset: no {dim!r} dimension (dims are "
+                            f"{sorted(ds.dims)})")
+    if not np.issubdtype(ds["time"].dtype, np.datetime64):
+        raise DataError("WeatherBench2 dataset: 'time' must hold datetimes, it holds "
+                        f"{ds['time'].dtype}")
+    ds = ds.rename(RENAMES).sortby("lat")  # south to north, as the official layout
+    if times is not None:
+        ds = ds.sel(time=times)
+        if ds.sizes["time"] == 0:
+            raise DataError(f"WeatherBench2 dataset: no time step in {times}")
+    if levels is not None:
+        missing = sorted(set(levels) - set(ds["level"].values.tolist()))
+        if missing:
+            raise DataError(f"WeatherBench2 dataset: level has no pressure levels {missing}")
+        ds = ds.sel(level=list(levels))
+    dt = ds["time"].values.astype("datetime64[ns]")  # [T]
+    ds = ds.assign_coords(time=("time", (dt - dt[0]).astype("timedelta64[ns]")))
+    timed = {k: v.expand_dims("batch") for k, v in ds.data_vars.items() if "time" in v.dims}
+    ds = ds.assign(timed)
+    return ds.assign_coords(datetime=(("batch", "time"), dt[None]))
+
+
+def open_era5(path: PathLike, times: Optional[slice] = None,
+              levels: Optional[Sequence[int]] = None):
+    """Opens a WeatherBench2-style zarr store lazily, in the official layout."""
+    import xarray
+    path = Path(path)
+    if not path.exists():
+        raise DataError(f"{path}: no such zarr store")
+    try:
+        ds = xarray.open_zarr(path, chunks={})
+    except Exception as e:  # noqa: BLE001 - zarr raises many error types
+        first = str(e).splitlines()[0] if str(e) else ""
+        raise DataError(f"{path}: not a readable zarr store ({type(e).__name__}: "
+                        f"{first})") from None
+    return to_official_layout(ds, times, levels)
+
+
+def weatherbench_dataset(official):
+    """An official-layout dataset (batch 1) in WeatherBench2's layout (for tests and demos):
+    `latitude` north to south, `longitude`, `time` as datetimes, no `batch`."""
+    ds = official.isel(batch=0) if "batch" in official.dims else official
+    dt = ds["datetime"].values
+    ds = ds.drop_vars("datetime").assign_coords(time=("time", dt))
+    return ds.rename({"lat": "latitude", "lon": "longitude"}).sortby("latitude",
+                                                                     ascending=False)

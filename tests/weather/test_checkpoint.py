@@ -1,0 +1,142 @@
+"""Published checkpoint files: lossless round trips, the official key layout, clear errors."""
+
+import jax
+import numpy as np
+import pytest
+
+from gclab.config import ModelConfig, TaskConfig
+from gclab.geometry import build_graphs
+from gclab.model import graph_inputs, make_network
+from gclab.weather import (
+    Checkpoint,
+    CheckpointError,
+    OfficialTask,
+    read_checkpoint,
+    read_flat,
+    to_flat,
+    write_checkpoint,
+)
+
+TASK = TaskConfig(pressure_levels=(500, 850))
+CFG = ModelConfig(resolution=10.0, mesh_splits=1, latent_size=16, processor_steps=2)
+
+
+@pytest.fixture(scope="module")
+def params():
+    graphs = build_graphs(CFG.resolution, CFG.mesh_splits)
+    net = make_network(CFG, TASK.data_channels, TASK.output_channels)
+    inputs = np.zeros((CFG.num_grid_nodes, 1, TASK.data_channels), np.float32)
+    p = net.init(jax.random.PRNGKey(0), graph_inputs(graphs), inputs)
+    return jax.tree_util.tree_map(np.asarray, p)
+
+
+def _same_bytes(a: dict, b: dict):
+    assert sorted(a) == sorted(b)
+    for k in a:
+        assert a[k].dtype == b[k].dtype and a[k].shape == b[k].shape, k
+        assert a[k].tobytes() == b[k].tobytes(), k
+
+
+def test_round_trip_is_lossless(tmp_path, params):
+    ckpt = Checkpoint.from_gclab(params, CFG, TASK, "tiny", "CC BY-SA 4.0")
+    write_checkpoint(tmp_path / "a.npz", ckpt)
+    back = read_checkpoint(tmp_path / "a.npz")
+    assert back.model == CFG and back.task == TASK
+    assert back.description == "tiny" and back.license == "CC BY-SA 4.0"
+    assert back.model.mesh2grid_edge_normalization_factor is None
+    for module, leaves in params.items():
+        for name, value in leaves.items():
+            assert back.params[module][name].tobytes() == value.tobytes()
+    write_checkpoint(tmp_path / "b.npz", back)
+    _same_bytes(read_flat(tmp_path / "a.npz"), read_flat(tmp_path / "b.npz"))
+
+
+def test_key_layout_matches_the_published_files(tmp_path, params):
+    flat = to_flat(Checkpoint.from_gclab(params, CFG.replace(
+        mesh2grid_edge_normalization_factor=0.5), TASK))
+    # Official module paths, one per processor step; 0-d float64 / int64 / unicode scalars.
+    assert "params:mesh_gnn/~_networks_builder/processor_edges_1_mesh_mlp/~/linear_0:w" in flat
+    assert flat["model_config:resolution"].dtype == np.float64
+    assert flat["model_config:mesh_size"].dtype == np.int64
+    assert flat["model_config:gnn_msg_steps"].shape == ()
+    assert flat["model_config:mesh2grid_edge_normalization_factor"] == 0.5
+    assert flat["task_config:pressure_levels:1"] == 850
+    assert flat["task_config:pressure_levels:1"].dtype == np.int64
+    assert str(flat["task_config:target_variables:2"]) == "10m_v_component_of_wind"
+    assert str(flat["task_config:input_duration"]) == "12h"
+    assert flat["description"].dtype.kind == "U"
+    n_inputs = sum(k.startswith("task_config:input_variables:") for k in flat)
+    assert n_inputs == 5 + 6 + 5 + 2
+    # Without precipitation input the published task lists 4 surface inputs.
+    ops = OfficialTask.from_task(TaskConfig(TASK.pressure_levels, False))
+    assert "total_precipitation_6hr" not in ops.input_variables
+    assert ops.to_task() == TaskConfig(TASK.pressure_levels, False)
+
+
+def test_a_file_in_the_official_order_round_trips_byte_for_byte(tmp_path, params):
+    # The official writer puts params first, then the configs, description, license;
+    # another variable order in the task is kept as it is.
+    flat = to_flat(Checkpoint.from_gclab(params, CFG, TASK, "d", "l"))
+    order = [k for k in flat if k.startswith("task_config:input_variables:")]
+    swapped = dict(flat)
+    swapped[order[0]], swapped[order[1]] = flat[order[1]], flat[order[0]]
+    np.savez(tmp_path / "official.npz", **swapped)
+    ckpt = read_checkpoint(tmp_path / "official.npz")
+    write_checkpoint(tmp_path / "again.npz", ckpt)
+    _same_bytes(read_flat(tmp_path / "official.npz"), read_flat(tmp_path / "again.npz"))
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda f: f.pop("model_config:latent_size"), "missing key 'model_config:latent_size'"),
+    (lambda f: f.pop("license"), "missing key 'license'"),
+    (lambda f: f.update({"model_config:dropout": np.asarray(0.1)}),
+     "unknown key 'model_config:dropout'"),
+    (lambda f: f.update({"optimizer:lr": np.asarray(0.1)}), "unknown key 'optimizer:lr'"),
+    (lambda f: f.update({"task_config:input_duration": np.asarray("18h")}),
+     "task_config:input_duration must be '12h'"),
+    (lambda f: f.update({"task_config:target_variables:0": np.asarray("snow")}),
+     "task_config:target_variables must be"),
+    (lambda f: f.pop("task_config:pressure_levels:0"), "pressure_levels has elements [1]"),
+    (lambda f: f.update({"model_config:mesh_size": np.asarray([1, 2])}),
+     "model_config:mesh_size must be a 0-d array of an integer"),
+    (lambda f: f.update({"model_config:mesh_size": np.asarray(99)}), "mesh_splits=99"),
+    (lambda f: f.update({"params:mesh_gnn/~_networks_builder/x:w": np.zeros(2)}),
+     "unknown key 'params:mesh_gnn/~_networks_builder/x:w'"),
+    (lambda f: f.update({"params:grid2mesh_gnn/x:w": np.zeros(2)}),
+     "not an official GraphCast parameter path"),
+    (lambda f: f.pop("params:mesh2grid_gnn/~_networks_builder/decoder_nodes_grid_nodes_mlp"
+                     "/~/linear_1:b"), "missing key 'params:mesh2grid_gnn/"),
+    (lambda f: f.update({"params:mesh2grid_gnn/~_networks_builder/decoder_nodes_grid_nodes_"
+                         "mlp/~/linear_1:b": np.zeros(3, np.float32)}),
+     "linear_1:b has shape (3,), this model_config and task_config need"),
+    (lambda f: [f.pop(k) for k in list(f) if k.startswith("params:")], "no parameters"),
+])
+def test_bad_checkpoints_name_the_key(tmp_path, params, change, message):
+    flat = to_flat(Checkpoint.from_gclab(params, CFG, TASK))
+    change(flat)
+    np.savez(tmp_path / "bad.npz", **flat)
+    with pytest.raises(CheckpointError) as e:
+        read_checkpoint(tmp_path / "bad.npz")
+    assert message in str(e.value) and "\n" not in str(e.value)
+    assert str(tmp_path / "bad.npz") in str(e.value)
+
+
+def test_missing_corrupt_and_pickled_files(tmp_path):
+    with pytest.raises(CheckpointError, match="no such file"):
+        read_checkpoint(tmp_path / "none.npz")
+    (tmp_path / "junk.npz").write_bytes(b"not a zip file")
+    with pytest.raises(CheckpointError, match="not a checkpoint"):
+        read_checkpoint(tmp_path / "junk.npz")
+    np.savez(tmp_path / "pickled.npz", description=np.asarray([{"a": 1}], dtype=object))
+    with pytest.raises(CheckpointError, match="not a checkpoint"):
+        read_checkpoint(tmp_path / "pickled.npz")
+
+
+def test_a_failed_write_keeps_the_old_file(tmp_path, params):
+    path = tmp_path / "c.npz"
+    write_checkpoint(path, Checkpoint.from_gclab(params, CFG, TASK, "old"))
+    bad = Checkpoint.from_gclab({"grid2mesh_gnn/x": {"w": object()}}, CFG, TASK)
+    with pytest.raises(CheckpointError, match="grid2mesh_gnn/~_networks_builder/x:w has dtype"):
+        write_checkpoint(path, bad)
+    assert read_checkpoint(path).description == "old"
+    assert [p.name for p in tmp_path.iterdir()] == ["c.npz"]

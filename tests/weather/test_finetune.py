@@ -1,0 +1,117 @@
+"""Fine-tuning on real-layout data from published-format weights (`gclab train --data`)."""
+
+import json
+
+import numpy as np
+import pytest
+
+from gclab import cli
+from gclab.config import ModelConfig, TaskConfig
+from gclab.model import param_shapes
+from gclab.training.data import SAMPLE_SPACING, SyntheticWeather
+from gclab.training.loop import batch_start
+from gclab.weather import (
+    Checkpoint,
+    DatasetWeather,
+    check_dataset,
+    compute_stats,
+    load_stats,
+    open_dataset,
+    raw_example,
+    read_flat,
+    synthetic_dataset,
+    write_checkpoint,
+    write_dataset,
+    write_stats,
+)
+
+TASK = TaskConfig(pressure_levels=(500, 850))
+CFG = ModelConfig(resolution=10.0, mesh_splits=1, latent_size=16, processor_steps=2)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    root = tmp_path_factory.mktemp("finetune")
+    weather = SyntheticWeather(TASK, CFG.resolution, seed=2)
+    write_dataset(synthetic_dataset(weather, frames=8, batch_starts=(0, 50)), root / "data.nc")
+    (root / "stats").mkdir()
+    write_stats(compute_stats(synthetic_dataset(weather, frames=24, start=100)),
+                root / "stats")
+    rng = np.random.default_rng(0)
+    shapes = param_shapes(CFG, TASK.data_channels, TASK.output_channels)
+    params = {m: {n: (0.1 * rng.standard_normal(s.shape)).astype(np.float32)
+                  for n, s in leaves.items()} for m, leaves in shapes.items()}
+    write_checkpoint(root / "init.npz",
+                     Checkpoint.from_gclab(params, CFG, TASK, "published", "CC BY-NC-SA 4.0"))
+    return root
+
+
+def test_dataset_weather_takes_consecutive_windows(files):
+    ds = open_dataset(files / "data.nc")
+    stats = load_stats(files / "stats")
+    lat, lon = np.linspace(-90, 90, CFG.n_lat), np.arange(CFG.n_lon) * CFG.resolution
+    source = DatasetWeather(ds, TASK, stats, lat, lon)
+    assert source.windows(rollout=2) == 2 * (8 - 3)
+    checked = check_dataset(ds, TASK)
+    # Step 1 of a batch-3 run takes windows 3, 4, 5: row 0 from frames 3 and 4, row 1
+    # from frame 0 (5 windows per row: a rollout of 2 needs 4 of the 8 frames).
+    ex = source.make_batch(3, rollout=2, start=batch_start(1, 3))
+    want = [raw_example(checked.isel(batch=[r]), TASK, t, 2) for r, t in ((0, 3), (0, 4),
+                                                                            (1, 0))]
+    for j, raw in enumerate(want):
+        one = source.normalization().normalise(raw)
+        for a, b in zip(ex, one):
+            np.testing.assert_array_equal(np.asarray(a)[..., j, :], np.asarray(b)[..., 0, :])
+    assert (batch_start(1, 3) - 1) // SAMPLE_SPACING == 3
+
+
+def test_zero_learning_rate_keeps_the_published_weights(files, capsys):
+    out = files / "same.npz"
+    assert cli.main(["train", "--init-checkpoint", str(files / "init.npz"), "--data",
+                     str(files / "data.nc"), "--stats", str(files / "stats"),
+                     "--train-steps", "2", "--batch", "2", "--learning-rate", "0",
+                     "--save-checkpoint", str(out), "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert len(record["losses"]) == 2 and all(np.isfinite(record["losses"]))
+    a, b = read_flat(files / "init.npz"), read_flat(out)
+    assert sorted(a) == sorted(b)
+    for key in a:
+        if key.startswith(("params:", "model_config:", "task_config:")) or key == "license":
+            assert a[key].tobytes() == b[key].tobytes(), key
+    assert "from published" in str(b["description"])
+
+
+@pytest.mark.parametrize("recipe", ["none", "lean"])
+def test_fine_tuning_with_a_memory_recipe_updates_the_weights(files, capsys, recipe):
+    out = files / f"tuned-{recipe}.npz"
+    assert cli.main(["train", "--init-checkpoint", str(files / "init.npz"), "--data",
+                     str(files / "data.nc"), "--stats", str(files / "stats"),
+                     "--train-steps", "6", "--batch", "1", "--rollout", "2",
+                     "--recipe", recipe, "--learning-rate", "3e-3", "--schedule-steps", "6",
+                     "--save-checkpoint", str(out), "--json"]) == 0
+    losses = json.loads(capsys.readouterr().out)["losses"]
+    assert len(losses) == 6
+    init, tuned = read_flat(files / "init.npz"), read_flat(out)
+    key = "params:mesh2grid_gnn/~_networks_builder/decoder_nodes_grid_nodes_mlp/~/linear_1:w"
+    assert tuned[key].shape == init[key].shape
+    assert not np.array_equal(tuned[key], init[key])
+
+
+@pytest.mark.parametrize("extra, text", [
+    (["--preset", "cpu-4x32"], "--preset: leave it out with --init-checkpoint"),
+    (["--latent", "8"], "--latent: leave it out with --init-checkpoint"),
+    (["--stats", None], "--data and --stats go together"),
+    (["--rollout", "7"], "--rollout 7: the dataset has 8 time steps"),
+    (["--save-checkpoint", "x.txt"], "must end in .npz"),
+])
+def test_bad_fine_tuning_inputs_get_one_line(files, capsys, extra, text):
+    argv = ["train", "--init-checkpoint", str(files / "init.npz"), "--data",
+            str(files / "data.nc"), "--stats", str(files / "stats"), "--train-steps", "1"]
+    if extra[1] is None:
+        i = argv.index(extra[0])
+        del argv[i:i + 2]
+    else:
+        argv += [extra[0], str(files / extra[1]) if extra[1].endswith(".txt") else extra[1]]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and text in err, err

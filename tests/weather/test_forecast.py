@@ -1,0 +1,99 @@
+"""Forecasts from a written checkpoint: gclab's network on the same arrays, official layout."""
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from gclab.config import ModelConfig, TaskConfig
+from gclab.geometry import build_graphs
+from gclab.model import graph_inputs, make_network, param_shapes
+from gclab.training import next_inputs
+from gclab.training.data import SyntheticWeather
+from gclab.weather import (
+    Checkpoint,
+    compute_stats,
+    load_stats,
+    normalization_from_stats,
+    open_dataset,
+    params_to_gclab_channels,
+    raw_example,
+    read_checkpoint,
+    synthetic_dataset,
+    write_checkpoint,
+    write_dataset,
+    write_stats,
+)
+from gclab.weather.dataset import check_dataset
+from gclab.weather.forecast import forecast
+
+TASK = TaskConfig(pressure_levels=(500, 850))
+CFG = ModelConfig(resolution=10.0, mesh_splits=1, latent_size=16, processor_steps=2)
+STEPS = 3
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    root = tmp_path_factory.mktemp("forecast")
+    weather = SyntheticWeather(TASK, CFG.resolution, seed=3)
+    write_dataset(synthetic_dataset(weather, frames=STEPS + 2, batch_starts=(0, 7)),
+                  root / "data.nc")
+    stats_ds = synthetic_dataset(weather, frames=40, start=100)
+    (root / "stats").mkdir()
+    write_stats(compute_stats(stats_ds), root / "stats")
+    rng = np.random.default_rng(0)
+    shapes = param_shapes(CFG, TASK.data_channels, TASK.output_channels)
+    params = {m: {n: (0.3 * rng.standard_normal(s.shape)).astype(np.float32)
+                  for n, s in leaves.items()} for m, leaves in shapes.items()}
+    write_checkpoint(root / "ckpt.npz", Checkpoint.from_gclab(params, CFG, TASK, "test"))
+    return root
+
+
+def test_forecast_equals_gclab_network_on_the_same_arrays(files):
+    ckpt = read_checkpoint(files / "ckpt.npz")
+    ds, stats = open_dataset(files / "data.nc"), load_stats(files / "stats")
+    pred = forecast(ckpt, ds, stats, STEPS)
+
+    # The same forecast by hand: normalised inputs, the network, gclab's `next_inputs`.
+    graphs = build_graphs(CFG.resolution, CFG.mesh_splits)
+    graph = graph_inputs(graphs)
+    net = make_network(CFG, TASK.data_channels, TASK.output_channels)
+    params = params_to_gclab_channels(ckpt.params, TASK, CFG.hidden_layers)
+    norm = normalization_from_stats(stats, TASK)
+    raw = raw_example(check_dataset(ds, TASK), TASK, rollout=STEPS)
+    example = norm.normalise(raw)
+    inputs, state = jnp.asarray(example.inputs), raw.last_frame.astype(np.float64)
+    want = []
+    for k in range(STEPS):
+        y = net.apply(params, graph, inputs)  # [Ng, B, O]
+        state = state + np.asarray(y, np.float64) * norm.residual_std
+        want.append(state)
+        inputs = next_inputs(TASK, inputs, y, example.forcings[k], norm.residual_scale)
+    want = np.stack(want)  # [T, Ng, B, O]
+
+    names = TASK.target_channel_names
+    n_lat, n_lon = graphs.n_lat, graphs.n_lon
+    for i, name in enumerate(names):
+        var, _, level = name.partition("@")
+        got = pred[var]
+        if level:
+            got = got.sel(level=int(level))
+        got = got.transpose("time", "lat", "lon", "batch").values.reshape(STEPS, -1, 2)
+        spread = max(float(np.std(want[..., i])), 1e-12)
+        np.testing.assert_allclose(got, want[..., i], rtol=1e-5,
+                                   atol=1e-4 * spread + 1e-6, err_msg=name)
+    assert n_lat * n_lon == want.shape[1]
+
+
+def test_forecast_has_the_official_rollout_layout(files):
+    ckpt = read_checkpoint(files / "ckpt.npz")
+    pred = forecast(ckpt, open_dataset(files / "data.nc"), load_stats(files / "stats"), 2)
+    assert list(pred.data_vars) == sorted(pred.data_vars)
+    assert len(pred.data_vars) == 11
+    assert pred["2m_temperature"].dims == ("time", "batch", "lat", "lon")
+    assert pred["temperature"].dims == ("time", "batch", "level", "lat", "lon")
+    assert pred["temperature"].dtype == np.float32
+    assert pred.time.dtype == np.dtype("timedelta64[ns]")
+    assert [int(t / np.timedelta64(1, "h")) for t in pred.time.values] == [6, 12]
+    assert pred.level.values.tolist() == [500, 850]
+    assert set(pred.coords) == {"lat", "lon", "level", "time"}
+    assert np.isfinite(pred["temperature"].values).all()

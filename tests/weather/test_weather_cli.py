@@ -1,0 +1,107 @@
+"""`gclab forecast` and `gclab stats`: files in, files out, and one line for each bad input."""
+
+import numpy as np
+import pytest
+
+from gclab import cli
+from gclab.config import ModelConfig, TaskConfig
+from gclab.model import param_shapes
+from gclab.training.data import SyntheticWeather
+from gclab.weather import (
+    Checkpoint,
+    load_stats,
+    open_dataset,
+    read_checkpoint,
+    synthetic_dataset,
+    write_checkpoint,
+    write_dataset,
+)
+from gclab.weather.forecast import forecast
+
+TASK = TaskConfig(pressure_levels=(500, 850))
+CFG = ModelConfig(resolution=10.0, mesh_splits=1, latent_size=16, processor_steps=2)
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cli")
+    weather = SyntheticWeather(TASK, CFG.resolution, seed=1)
+    write_dataset(synthetic_dataset(weather, frames=4), root / "data.nc")
+    write_dataset(synthetic_dataset(weather, frames=24, start=40), root / "long.nc")
+    rng = np.random.default_rng(0)
+    shapes = param_shapes(CFG, TASK.data_channels, TASK.output_channels)
+    params = {m: {n: (0.3 * rng.standard_normal(s.shape)).astype(np.float32)
+                  for n, s in leaves.items()} for m, leaves in shapes.items()}
+    write_checkpoint(root / "ckpt.npz", Checkpoint.from_gclab(params, CFG, TASK))
+    return root
+
+
+def test_stats_then_forecast(files, capsys):
+    assert cli.main(["stats", "--data", str(files / "long.nc"),
+                     "--out", str(files / "stats")]) == 0
+    stats = load_stats(files / "stats")
+    assert "temperature" in stats.diffs_stddev and "land_sea_mask" in stats.mean
+    out = files / "pred.nc"
+    assert cli.main(["forecast", "--checkpoint", str(files / "ckpt.npz"), "--data",
+                     str(files / "data.nc"), "--stats", str(files / "stats"),
+                     "--forecast-steps", "2", "--out", str(out)]) == 0
+    assert "wrote 2 step(s) of 11 variables" in capsys.readouterr().out
+    got = open_dataset(out).load()
+    want = forecast(read_checkpoint(files / "ckpt.npz"), open_dataset(files / "data.nc"),
+                    stats, 2)
+    assert list(got.data_vars) == list(want.data_vars)
+    for name in want.data_vars:
+        assert got[name].dims == want[name].dims
+        np.testing.assert_array_equal(got[name].values, want[name].values)
+
+
+def _one_line(capsys, argv, text):
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and text in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("change, text", [
+    ({"--checkpoint": "data.nc"}, "--checkpoint {root}/data.nc: not a checkpoint"),
+    ({"--checkpoint": "none.npz"}, "--checkpoint {root}/none.npz: no such file"),
+    ({"--checkpoint": "incomplete.npz"}, "missing key 'model_config:latent_size'"),
+    ({"--data": "ckpt.npz"}, "--data {root}/ckpt.npz: not a readable netCDF"),
+    ({"--data": "nolevel.nc"}, "--data/--stats: dataset: missing variable 'geopotential'"),
+    ({"--stats": "."}, "mean_by_level.nc: no such file"),
+    ({"--stats": "badstats"}, "diffs_stddev_by_level.nc: no variable 'temperature'"),
+    ({"--forecast-steps": "3"}, "--forecast-steps 3: at most 2"),
+    ({"--forecast-steps": "0"}, "--forecast-steps 0:"),
+    ({"--out": "pred.txt"}, "--out {root}/pred.txt: the name must end in .nc"),
+])
+def test_bad_forecast_inputs_get_one_line(files, capsys, change, text):
+    root = files
+    flat = dict(np.load(root / "ckpt.npz"))
+    flat.pop("model_config:latent_size")
+    np.savez(root / "incomplete.npz", **flat)
+    ds = open_dataset(root / "data.nc").load()
+    write_dataset(ds.drop_vars("geopotential"), root / "nolevel.nc")
+    assert cli.main(["stats", "--data", str(root / "long.nc"), "--out", str(root / "good")]) == 0
+    (root / "badstats").mkdir(exist_ok=True)
+    for name in ("mean_by_level.nc", "stddev_by_level.nc"):
+        (root / "badstats" / name).write_bytes((root / "good" / name).read_bytes())
+    d = open_dataset(root / "good" / "diffs_stddev_by_level.nc").load()
+    write_dataset(d.drop_vars("temperature"), root / "badstats" / "diffs_stddev_by_level.nc")
+    capsys.readouterr()
+    args = {"--checkpoint": "ckpt.npz", "--data": "data.nc", "--stats": "good",
+            "--forecast-steps": "1", "--out": "pred2.nc"}
+    args.update(change)
+    argv = ["forecast"]
+    for k, v in args.items():
+        argv += [k, v if k == "--forecast-steps" else str(root / v)]
+    before = sorted(p.name for p in root.iterdir())
+    _one_line(capsys, argv, text.format(root=root))
+    assert sorted(p.name for p in root.iterdir()) == before  # nothing written
+
+
+def test_bad_stats_inputs_get_one_line(files, capsys):
+    _one_line(capsys, ["stats", "--data", str(files / "none.nc"), "--out", str(files / "s")],
+              "--data")
+    _one_line(capsys, ["stats", "--data", str(files / "data.nc"), "--out",
+                       str(files / "ckpt.npz")], "a folder (this is a file)")
+    _one_line(capsys, ["stats", "--data", str(files / "data.nc"), "--out",
+                       str(files / "no" / "where")], "a folder whose parent exists")
