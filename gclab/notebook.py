@@ -257,12 +257,13 @@ def recorded(name: str, data_dir: Optional[Path] = None) -> Optional[dict]:
     return _read_recording(name, data_dir)
 
 
-def glue(name: str, value):
-    """Hands `value` to the chapter's prose, where ``{glue:text}`name``` pastes it; returns it.
+def glue(name: str, value) -> None:
+    """Hands `value` to the chapter's prose, where ``{glue:text}`name``` pastes it.
 
     It is myst-nb's `glue` without display, so that no number in the text is typed by hand:
-    the book's build pastes what the cell computed. Where myst-nb is not installed (Colab),
-    the value is only returned.
+    the book's build pastes what the cell computed. It returns None, so that a cell ending
+    with a `glue` shows nothing of its own (a returned value would be displayed under the
+    cell's output). Where myst-nb is not installed (Colab), nothing is pasted.
 
     Args:
       name: the key, unique in its notebook.
@@ -274,7 +275,6 @@ def glue(name: str, value):
         value = value.item()
     if myst_glue is not None:
         myst_glue(name, value, display=False)
-    return value
 
 
 # ------------------------------------------------------------------ guarded live runs

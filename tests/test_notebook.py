@@ -127,10 +127,13 @@ def test_glue_pastes_numpy_scalars_as_python_numbers(monkeypatch):
     pasted = {}
     monkeypatch.setattr(notebook, "myst_glue", lambda name, value, display: pasted.update(
         {name: (value, display)}))
-    assert notebook.glue("ratio", np.float64(0.25)) == 0.25
-    assert type(pasted["ratio"][0]) is float and pasted["ratio"][1] is False
-    assert type(notebook.glue("count", np.int64(3))) is int
-    assert notebook.glue("label", "1.5 GiB") == "1.5 GiB"
+    # None, so that a cell ending with a glue displays no stray value under its output
+    assert notebook.glue("ratio", np.float64(0.25)) is None
+    assert pasted["ratio"] == (0.25, False) and type(pasted["ratio"][0]) is float
+    notebook.glue("count", np.int64(3))
+    assert pasted["count"] == (3, False) and type(pasted["count"][0]) is int
+    notebook.glue("label", "1.5 GiB")
+    assert pasted["label"] == ("1.5 GiB", False)
 
 
 def test_gpu_recordings_are_shown_with_hardware_date_and_ratio(tmp_path):
