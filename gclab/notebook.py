@@ -23,6 +23,7 @@ import dataclasses
 import datetime
 import os
 import platform
+import textwrap
 from pathlib import Path
 from typing import Any, Optional
 
@@ -242,10 +243,15 @@ def choose_scale() -> Scale:
     return scale_for(devices.usable_bytes(jax.devices()[0]))
 
 
-def scale_banner(scale: Scale) -> str:
-    """The line every chapter prints: its scale, the sizes, and how to change it."""
-    return (f"This chapter runs at scale {scale} (set {SCALE_ENV}="
+def scale_banner(scale: Scale, width: int = 90) -> str:
+    """What every chapter prints: its scale, the sizes, and how to change it.
+
+    Wrapped at `width` characters, so that a rendered page shows it whole instead of in a
+    horizontally scrolled output; the list of allowed values is never split.
+    """
+    text = (f"This chapter runs at scale {scale} (set {SCALE_ENV}="
             + "|".join(SCALES) + " to change it).")
+    return textwrap.fill(text, width, break_long_words=False, break_on_hyphens=False)
 
 
 def recorded(name: str, data_dir: Optional[Path] = None) -> Optional[dict]:

@@ -77,6 +77,7 @@ def test_every_chapter_prints_its_scale_with_the_allowed_values():
     line = scale_banner(SCALE_TABLE["24GB"])
     assert line.startswith("This chapter runs at scale 24GB: usable ")
     assert "GCLAB_SCALE=cpu|16GB|24GB|40GB|80GB|141GB" in line
+    assert max(map(len, line.splitlines())) <= 90 < len(line)  # wrapped for the page
 
 
 def test_recorded_reads_json_with_hardware_and_date(tmp_path):
