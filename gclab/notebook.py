@@ -23,6 +23,7 @@ import dataclasses
 import datetime
 import os
 import platform
+import textwrap
 from pathlib import Path
 from typing import Any, Optional
 
@@ -242,10 +243,15 @@ def choose_scale() -> Scale:
     return scale_for(devices.usable_bytes(jax.devices()[0]))
 
 
-def scale_banner(scale: Scale) -> str:
-    """The line every chapter prints: its scale, the sizes, and how to change it."""
-    return (f"This chapter runs at scale {scale} (set {SCALE_ENV}="
+def scale_banner(scale: Scale, width: int = 90) -> str:
+    """What every chapter prints: its scale, the sizes, and how to change it.
+
+    Wrapped at `width` characters, so that a rendered page shows it whole instead of in a
+    horizontally scrolled output; the list of allowed values is never split.
+    """
+    text = (f"This chapter runs at scale {scale} (set {SCALE_ENV}="
             + "|".join(SCALES) + " to change it).")
+    return textwrap.fill(text, width, break_long_words=False, break_on_hyphens=False)
 
 
 def recorded(name: str, data_dir: Optional[Path] = None) -> Optional[dict]:
@@ -257,12 +263,13 @@ def recorded(name: str, data_dir: Optional[Path] = None) -> Optional[dict]:
     return _read_recording(name, data_dir)
 
 
-def glue(name: str, value):
-    """Hands `value` to the chapter's prose, where ``{glue:text}`name``` pastes it; returns it.
+def glue(name: str, value) -> None:
+    """Hands `value` to the chapter's prose, where ``{glue:text}`name``` pastes it.
 
     It is myst-nb's `glue` without display, so that no number in the text is typed by hand:
-    the book's build pastes what the cell computed. Where myst-nb is not installed (Colab),
-    the value is only returned.
+    the book's build pastes what the cell computed. It returns None, so that a cell ending
+    with a `glue` shows nothing of its own (a returned value would be displayed under the
+    cell's output). Where myst-nb is not installed (Colab), nothing is pasted.
 
     Args:
       name: the key, unique in its notebook.
@@ -274,7 +281,6 @@ def glue(name: str, value):
         value = value.item()
     if myst_glue is not None:
         myst_glue(name, value, display=False)
-    return value
 
 
 # ------------------------------------------------------------------ guarded live runs

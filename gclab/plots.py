@@ -17,7 +17,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
-from matplotlib.ticker import FuncFormatter, MaxNLocator
+from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullLocator
 
 from gclab import devices
 from gclab.geometry.graphs import Graphs
@@ -139,9 +139,13 @@ def _byte_label(v: float, _: Any = None) -> str:
 
 def bytes_axis(axis: Any) -> None:
     """Formats a matplotlib axis (e.g. ``ax.yaxis``) in KiB/MiB/GiB; on a linear axis,
-    ticks fall on round numbers of the unit."""
+    ticks fall on round numbers of the unit, on a log axis on powers of 4 (256 MiB, 1 GiB,
+    4 GiB, ...) rather than on powers of ten, which no binary unit prints roundly."""
     if axis.get_scale() == "linear":
         axis.set_major_locator(_BinaryLocator(nbins=6, steps=[1, 2, 2.5, 5, 10]))
+    elif axis.get_scale() == "log":
+        axis.set_major_locator(LogLocator(base=4))
+        axis.set_minor_locator(NullLocator())
     axis.set_major_formatter(FuncFormatter(_byte_label))
 
 

@@ -191,3 +191,20 @@ def test_chapter_has_an_exercise_with_a_worked_answer_behind_a_toggle(name):
     markdown = "\n".join(src for kind, src, _ in _cells(name) if kind == "markdown")
     exercises = markdown.split("## Exercises")[1]
     assert re.search(r"```\{admonition\} Answer to exercise \d+\n:class: dropdown\n", exercises)
+
+
+def test_glue_from_another_page_names_a_value_glued_in_that_notebook():
+    pages = {f"{TOC['root']}.md", *(f"{p}.md" for p in PAGES if (ROOT / f"{p}.md").is_file())}
+    pasted = []
+    for page in pages:
+        text = (ROOT / page).read_text()
+        for doc, key in re.findall(r"\{glue(?::\w+)?\}`([\w./-]+\.ipynb)::([\w.-]+)(?::[^`]*)?`",
+                                   text):
+            pasted.append((page, doc, key))
+            name = str(Path(page).parent / doc)[: -len(".ipynb")]
+            assert name in CHAPTERS, f"{page}: no chapter {doc}"
+            code = "\n".join(src for kind, src, _ in _cells(name) if kind == "code")
+            glued = _glued_names(code)
+            prefixes = {p for p in glued if p.endswith((".", "_", "-"))}
+            assert key in glued or any(key.startswith(p) for p in prefixes), (page, doc, key)
+    assert pasted, "the introduction pastes its figures from the chapters"

@@ -77,6 +77,7 @@ def test_every_chapter_prints_its_scale_with_the_allowed_values():
     line = scale_banner(SCALE_TABLE["24GB"])
     assert line.startswith("This chapter runs at scale 24GB: usable ")
     assert "GCLAB_SCALE=cpu|16GB|24GB|40GB|80GB|141GB" in line
+    assert max(map(len, line.splitlines())) <= 90 < len(line)  # wrapped for the page
 
 
 def test_recorded_reads_json_with_hardware_and_date(tmp_path):
@@ -127,10 +128,13 @@ def test_glue_pastes_numpy_scalars_as_python_numbers(monkeypatch):
     pasted = {}
     monkeypatch.setattr(notebook, "myst_glue", lambda name, value, display: pasted.update(
         {name: (value, display)}))
-    assert notebook.glue("ratio", np.float64(0.25)) == 0.25
-    assert type(pasted["ratio"][0]) is float and pasted["ratio"][1] is False
-    assert type(notebook.glue("count", np.int64(3))) is int
-    assert notebook.glue("label", "1.5 GiB") == "1.5 GiB"
+    # None, so that a cell ending with a glue displays no stray value under its output
+    assert notebook.glue("ratio", np.float64(0.25)) is None
+    assert pasted["ratio"] == (0.25, False) and type(pasted["ratio"][0]) is float
+    notebook.glue("count", np.int64(3))
+    assert pasted["count"] == (3, False) and type(pasted["count"][0]) is int
+    notebook.glue("label", "1.5 GiB")
+    assert pasted["label"] == ("1.5 GiB", False)
 
 
 def test_gpu_recordings_are_shown_with_hardware_date_and_ratio(tmp_path):

@@ -423,6 +423,22 @@ def test_bytes_axis_ticks_are_round_binary_numbers():
     plt.close(fig)
 
 
+def test_bytes_axis_log_ticks_are_powers_of_four():
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots()
+    ax.loglog([1e4, 1e7], [300 * MiB, 70 * 1024 * MiB])
+    plots.bytes_axis(ax.yaxis)
+    fig.canvas.draw()
+    lo, hi = ax.get_ylim()
+    ticks = [t for t in ax.get_yticks() if lo <= t <= hi]
+    assert len(ticks) >= 3
+    assert all(np.log2(t) % 2 == 0 for t in ticks), ticks  # 256 MiB, 1 GiB, 4 GiB, ...
+    labels = [t.get_text() for t in ax.get_yticklabels() if t.get_text()]
+    assert "1 GiB" in labels and "16 GiB" in labels, labels
+    plt.close(fig)
+
+
 def test_plot_fit_chart(tmp_path):
     df = pd.DataFrame(
         {"config": ["small", "medium", "large"], "total_bytes": [8e9, 30e9, 120e9]}
