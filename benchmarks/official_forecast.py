@@ -161,8 +161,12 @@ def main() -> None:
     import jax
 
     result = {**provenance(args.official), **run(args.official, args.steps)}
-    out = ROOT / "benchmarks" / "results" / f"official-forecast-{jax.default_backend()}.json"
-    out.write_text(json.dumps(result, indent=1) + "\n")
+    name = f"official-forecast-{jax.default_backend()}.json"
+    out = ROOT / "benchmarks" / "results" / name
+    text = json.dumps(result, indent=1) + "\n"
+    out.write_text(text)
+    # Chapter 1 reads the comparison from the installed package (`gclab.recordings`).
+    (ROOT / "gclab" / "recordings" / name).write_text(text)
     print(json.dumps({k: result[k] for k in ("variables", "worst_max_abs_diff_over_std")},
                      indent=1))
     print(f"wrote {out}")

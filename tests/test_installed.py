@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 CHECK = """
@@ -45,9 +47,10 @@ def test_a_non_editable_install_reads_its_recordings(tmp_path):
     assert set(found["jax"].split(",")) == {">=0.7", "<0.11"}
 
 
-def test_the_shipped_recording_is_the_recorded_benchmark():
-    """`memory_recipes.py` writes both; a hand edit of one of them would show here."""
+@pytest.mark.parametrize("name", ["memory-cpu.json", "official-forecast-cpu.json"])
+def test_the_shipped_recording_is_the_recorded_benchmark(name):
+    """The benchmark (`memory_recipes.py`, `official_forecast.py`) writes both; a hand edit of
+    one of them would show here."""
     root = Path(__file__).resolve().parents[1]
-    shipped = root / "gclab" / "recordings" / "memory-cpu.json"
-    assert shipped.read_bytes() == (root / "benchmarks" / "results" / "memory-cpu.json"
-                                    ).read_bytes()
+    shipped = root / "gclab" / "recordings" / name
+    assert shipped.read_bytes() == (root / "benchmarks" / "results" / name).read_bytes()
