@@ -15,9 +15,11 @@ median of each), fits the coefficients by non-negative least squares
     python benchmarks/planner_calibration.py            # measure, fit, write
     python benchmarks/planner_calibration.py --refit    # fit the recorded measurements again
 
-On a CPU it times the ``cpu-8x128`` candidates and a few ``cpu-16x512`` ones (about ten
-minutes on 2 cores); on a GPU the scale of the device it finds is up to the caller
-(``--presets``).
+By default it times every candidate at ``cpu-8x128`` and six at ``cpu-16x512`` (about ten
+minutes on 2 cores); ``--presets A,B`` times every candidate at A and the six at the others
+(on a GPU, presets large enough to keep it busy, e.g. ``graphcast-small``). The recording is
+named after the device (``cpu``, or the card: ``planner-calibration-h100``), the name
+`gclab.sizing.speed.speed_for` looks for.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from gclab.config import get_preset
 from gclab.files import write_text_atomic
 from gclab.memory.config import MemoryConfig
 from gclab.sizing.planner import ladder
-from gclab.sizing.speed import calibration_name, fit_calibration
+from gclab.sizing.speed import calibration_name, fit_calibration, present_device
 from gclab.sizing.step import StepSpec, make_live_step
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,7 +49,7 @@ RESULTS = ROOT / "benchmarks" / "results"
 SHIPPED = ROOT / "gclab" / "recordings"
 #: Candidates timed at the larger CPU preset (each step takes seconds there).
 LARGE_LABELS = ("none", "gam", "per-step", "per-step+all-blocks", "deepmind", "lean")
-DEFAULT_PRESETS = {"cpu-8x128": None, "cpu-16x512": LARGE_LABELS}
+DEFAULT_PRESETS = "cpu-8x128,cpu-16x512"
 
 
 def hardware() -> dict:
@@ -105,15 +107,27 @@ def main(argv=None) -> int:
     parser.add_argument("--refit", action="store_true",
                         help="fit the recorded measurements again without timing")
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--presets", default=DEFAULT_PRESETS,
+                        help="comma-separated presets: every candidate at the first, "
+                        + ", ".join(LARGE_LABELS) + " at the others")
     args = parser.parse_args(argv)
-    name = calibration_name(jax.default_backend())
+    presets = args.presets.split(",")
+    for preset_name in presets:
+        try:
+            get_preset(preset_name)
+        except ValueError as e:
+            parser.error(f"--presets {args.presets}: {e}")
+    if args.repeats < 1:
+        parser.error(f"--repeats {args.repeats}: an integer >= 1")
+    name = calibration_name(present_device())
     out = RESULTS / f"{name}.json"
     if args.refit:
         record = json.loads(out.read_text())
     else:
         rows = []
-        for preset_name, labels in DEFAULT_PRESETS.items():
-            repeats = args.repeats if labels is None else max(2, args.repeats - 2)
+        for i, preset_name in enumerate(presets):
+            labels = None if i == 0 else LARGE_LABELS
+            repeats = args.repeats if i == 0 else max(2, args.repeats - 2)
             rows += measure(preset_name, labels, repeats)
         record = {"hardware": hardware(), "measurements": rows}
         write_text_atomic(out, json.dumps(record, indent=1))  # kept even if the fit fails
