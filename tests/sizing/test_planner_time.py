@@ -147,6 +147,11 @@ def test_shipped_cpu_calibration_is_the_fit_of_its_measurements():
     measured = np.array([r["median_seconds"] for r in rows])
     assert np.median(np.abs(predicted / measured - 1)) == pytest.approx(
         loaded.median_relative_error, rel=1e-6)
+    # At each preset the calibrated model names the candidate that was measured fastest.
+    for preset in ("cpu-8x128", "cpu-16x512"):
+        at = [i for i, r in enumerate(rows) if r["preset"] == preset]
+        assert rows[min(at, key=lambda i: predicted[i])]["label"] == \
+            rows[min(at, key=lambda i: measured[i])]["label"]
 
 
 def test_speed_for_a_card_or_the_device_found():
