@@ -11,8 +11,9 @@ F and M are the FLOPs and bytes moved of one training step from the analytical c
 activation bytes the step holds (`gclab.sizing.analytical.estimate`'s temp of loss and
 gradient). A matters on a CPU: XLA:CPU allocates a step's temporaries afresh each call, so
 every held byte is first-touched (a page fault) and leaves the caches, and a step that
-holds less can run faster even while it recomputes more (measured at ``cpu-8x128``:
-per-step remat is faster than none). The coefficients come from one of two places:
+holds less can run faster even while it recomputes more (measured at ``cpu-16x512``: the
+``deepmind`` recipe, which recomputes about one forward pass, ran faster than ``none``).
+The coefficients come from one of two places:
 
 * a **calibration**: real step times of the planner's candidates measured on a device
   and fitted by non-negative least squares (`fit_calibration`), recorded by
