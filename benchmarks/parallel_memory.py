@@ -8,8 +8,9 @@ collective bytes come from its optimised HLO. Writes
 `benchmarks/results/parallel-memory-<backend>.json` (rows as they are compiled) and a
 Markdown table beside it, with the hardware and date. Each row also carries the step time
 `gclab plan --devices` predicts for it with an H100's published speeds
-(`gclab.sizing.layout_plan.predicted_seconds`: analytical FLOPs split over the devices, plus
-the compiled collective bytes over the link): simulated CPU devices share two cores, so a
+(`gclab.sizing.layout_plan.predicted_seconds`: analytical FLOPs and bytes over the card's
+peak FLOP/s and memory bandwidth, split over the devices, plus the compiled collective bytes
+over the link): simulated CPU devices share two cores, so a
 timed step here would measure nothing about devices. `--annotate FILE.json` adds that
 prediction to rows recorded before it existed, without compiling again.
 

@@ -117,8 +117,9 @@ def parallel_block() -> str:
     lines += ["", f"Target: the 0.25 deg `lean` step over 8 devices needs at most a quarter of "
               f"one device's temp per device: {ratio:.2f}, {'met' if ratio <= 0.25 else 'missed'}. "
               f"Predicted step times use {records[1].get('predicted_with', 'H100')}'s published "
-              "speeds (`gclab plan --devices`' model: FLOPs split over the devices plus the "
-              "compiled collective bytes over the link)."]
+              "speeds (`gclab plan --devices`' model: FLOPs over peak FLOP/s and bytes over "
+              "memory bandwidth, split over the devices, plus the compiled collective bytes "
+              "over the link)."]
     return "\n".join(lines)
 
 

@@ -478,3 +478,68 @@ def gpu_recording(chapter: str, scale: Scale, data_dir: Optional[Path] = None):
     title = (f"recorded on {hw['device']} ({hw.get('backend')}), {record['date']}, jax "
              f"{hw.get('jax')}, gclab commit {str(hw.get('commit'))[:12]}")
     return title, pd.DataFrame(rows)
+
+
+#: Why the measured column is empty where the backend is not a GPU.
+NOT_MEASURED = ("not measured on {backend}: no device allocator reports a peak "
+                "(peak_bytes_in_use) here, so XLA's plan is the only figure")
+#: Backends whose device peak `planned_and_measured` reads.
+GPU_BACKENDS = ("gpu", "cuda", "rocm")
+
+
+def planned_and_measured(configs, *, plans=None, usable: Optional[int] = None,
+                         repeats: int = 2):
+    """XLA's plan of each configuration and, on a GPU, the device's measured peak beside it.
+
+    On a GPU each configuration whose plan fits the usable memory runs `repeats` training
+    steps in a fresh process (`gclab.measure.measure_peak`, which reads the device's
+    ``peak_bytes_in_use``); the table gives the peak and measured / plan. On any other
+    backend, or where a configuration does not fit or its run fails, the measured columns
+    are empty and ``measured`` says why: never a number that was not measured.
+
+    Args:
+      configs: ``{label: StepSpec}``, in the order shown.
+      plans: ``{label: (plan_bytes, temp_bytes)}`` for configurations compiled already
+        (by a sweep, say); the others are compiled here from shapes.
+      usable: usable bytes to check against (default: `usable_here()`).
+      repeats: training steps run in the measuring process.
+
+    Returns:
+      A DataFrame indexed by configuration: ``plan_bytes`` (XLA's total: arguments,
+      outputs and temp), ``temp_bytes``, ``measured_peak_bytes`` and
+      ``measured_over_plan`` (None where not measured), and ``measured`` (the peak in
+      words, or why there is none).
+    """
+    import jax
+    import pandas as pd
+
+    from gclab import measure
+    from gclab.sizing import train_step_memory
+
+    backend = jax.default_backend()
+    usable = usable_here() if usable is None else int(usable)
+    rows = []
+    for label, spec in configs.items():
+        if plans is not None and label in plans:
+            total, temp = plans[label]
+        else:
+            m = train_step_memory(spec)
+            total, temp = m.total_bytes, m.temp_bytes
+        peak, why = None, None
+        if backend not in GPU_BACKENDS:
+            why = NOT_MEASURED.format(backend=backend)
+        elif not devices.fits(total, usable):
+            why = f"not run: needs {_format(total)}, does not fit this card"
+        else:
+            r = measure.measure_peak("gclab.sizing.sweep:timed_steps",
+                                     {"spec_json": spec.to_json(), "steps": repeats})
+            if r.ok and r.peak_bytes is not None:
+                peak = int(r.peak_bytes)
+            else:
+                first = (r.message or "no peak reported").strip().splitlines()[0][:120]
+                why = f"run failed ({r.status}): {first}"
+        rows.append({"configuration": label, "plan_bytes": int(total), "temp_bytes": int(temp),
+                     "measured_peak_bytes": peak,
+                     "measured_over_plan": None if peak is None else peak / total,
+                     "measured": _format(peak) if peak is not None else why})
+    return pd.DataFrame(rows).set_index("configuration")

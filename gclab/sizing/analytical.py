@@ -201,60 +201,165 @@ def param_count(model: ModelConfig, task: TaskConfig) -> int:
 
 
 # ---------------------------------------------------------------------------------------
-# FLOPs (for the recompute cost of remat).
+# FLOPs and bytes (for the recompute cost of remat and the predicted step time).
+#
+# XLA's `cost_analysis()` of a compiled step also reports FLOPs and bytes accessed, but it
+# counts the body of a `while` loop once whatever its trip count (the processor's
+# `lax.scan` over S steps, the loops over edge blocks, the nested remat groups), so a
+# setting that moves work into loops would look cheaper than it is. The counts below are
+# derived from the shapes instead, loop by loop.
 
 
-def _mlp_flops(rows: int, in_dim: int, latent: int, hidden: int, out_dim: int) -> float:
+def _mlp_work(rows: int, in_dim: int, latent: int, hidden: int, out_dim: int,
+              norm: bool = True) -> tuple[float, float]:
+    """(FLOPs, elements moved) of an MLP on `rows` rows.
+
+    Two FLOPs per multiply-add; each layer reads its input and writes its output (the
+    activation is fused into the matmul), and a LayerNorm reads and writes the output.
+    """
     sizes = [in_dim] + [latent] * hidden + [out_dim]
-    return 2.0 * rows * sum(i * o for i, o in zip(sizes[:-1], sizes[1:]))
+    layers = list(zip(sizes[:-1], sizes[1:]))
+    flops = 2.0 * rows * sum(i * o for i, o in layers)
+    moved = float(rows) * (sum(i + o for i, o in layers) + (2 * out_dim if norm else 0))
+    return flops, moved
+
+
+def _edge_mlp_work(edges: int, senders: int, receivers: int, latent: int, hidden: int,
+                   gather_after_matmul: bool) -> tuple[float, float]:
+    """(FLOPs, elements moved) of an edge MLP on `[e, v_s, v_r]` (rows already x batch).
+
+    Plain: two node rows gathered per edge into the `[E, B, 3L]` concatenation (3L read,
+    3L written per edge), then the MLP on 3L inputs. Gather after matmul: the sender and
+    the receiver part of the first layer run once per node (an L x L matmul on
+    `senders + receivers` rows), the edge part on L inputs, and each edge adds two
+    gathered projected rows to its first layer's output (2L read, L read and written).
+    """
+    L, H = latent, hidden
+    if not gather_after_matmul:
+        flops, moved = _mlp_work(edges, 3 * L, L, H, L)
+        return flops, moved + 6.0 * L * edges
+    flops, moved = _mlp_work(edges, L, L, H, L)
+    p_flops, p_moved = _mlp_work(senders + receivers, L, L, 0, L, norm=False)
+    return flops + p_flops, moved + p_moved + 4.0 * L * edges
+
+
+def _node_mlp_work(nodes: int, edges: int, latent: int, hidden: int) -> tuple[float, float]:
+    """(FLOPs, elements moved) of a node update: the sum of `edges` incoming messages
+    (L read per edge, L written per node), the `[N, B, 2L]` concatenation (2L read and
+    written per node) and the MLP on 2L inputs."""
+    flops, moved = _mlp_work(nodes, 2 * latent, latent, hidden, latent)
+    return flops, moved + float(latent) * (edges + 5 * nodes)
+
+
+def stage_work(model: ModelConfig, task: TaskConfig, counts: GraphCounts, batch: int = 1,
+               memory: Optional[MemoryConfig] = None) -> dict:
+    """Forward (FLOPs, elements moved) of each stage's MLPs, gathers and sums.
+
+    Gather after matmul (`memory.gather_after_matmul`) changes the edge MLPs
+    (`_edge_mlp_work`); no other switch changes the forward pass. Edge embeddings
+    (batch-independent, small) are left out.
+
+    Returns:
+      `{'encoder', 'processor_step', 'decoder', 'forward'}` -> `(flops, elements)`;
+      `forward` is the whole network (encoder + S steps + decoder).
+    """
+    L, H, S = model.latent_size, model.hidden_layers, model.processor_steps
+    F, O, B = task.input_channels, task.output_channels, batch
+    gam = memory is not None and memory.gather_after_matmul
+    c = counts
+    Ng, Nm = B * c.grid_nodes, B * c.mesh_nodes
+
+    def add(*parts):
+        return (sum(p[0] for p in parts), sum(p[1] for p in parts))
+
+    enc = add(_mlp_work(Ng, F, L, H, L),
+              _edge_mlp_work(B * c.grid2mesh_edges, Ng, Nm, L, H, gam),
+              _node_mlp_work(Nm, B * c.grid2mesh_edges, L, H),
+              _mlp_work(Ng, L, L, H, L))
+    step = add(_edge_mlp_work(B * c.mesh_edges, Nm, Nm, L, H, gam),
+               _node_mlp_work(Nm, B * c.mesh_edges, L, H))
+    dec = add(_edge_mlp_work(B * c.mesh2grid_edges, Nm, Ng, L, H, gam),
+              _node_mlp_work(Ng, B * c.mesh2grid_edges, L, H),
+              _mlp_work(Ng, L, L, H, O, norm=False))
+    forward = (enc[0] + S * step[0] + dec[0], enc[1] + S * step[1] + dec[1])
+    return {"encoder": enc, "processor_step": step, "decoder": dec, "forward": forward}
 
 
 def stage_flops(model: ModelConfig, task: TaskConfig, counts: GraphCounts,
-                batch: int = 1) -> dict:
-    """Forward FLOPs (2 per multiply-add) of the matmuls of each stage.
+                batch: int = 1, memory: Optional[MemoryConfig] = None) -> dict:
+    """Forward FLOPs (2 per multiply-add) of the matmuls of each stage (`stage_work`).
 
     Returns:
       `{'encoder', 'processor_step', 'decoder', 'forward'}`; `forward` is the whole
       network (encoder + S steps + decoder).
     """
-    L, H, S = model.latent_size, model.hidden_layers, model.processor_steps
-    F, O, B = task.input_channels, task.output_channels, batch
-    c = counts
-    enc = (_mlp_flops(B * c.grid_nodes, F, L, H, L)
-           + _mlp_flops(B * c.grid2mesh_edges, 3 * L, L, H, L)
-           + _mlp_flops(B * c.mesh_nodes, 2 * L, L, H, L)
-           + _mlp_flops(B * c.grid_nodes, L, L, H, L))
-    step = (_mlp_flops(B * c.mesh_edges, 3 * L, L, H, L)
-            + _mlp_flops(B * c.mesh_nodes, 2 * L, L, H, L))
-    dec = (_mlp_flops(B * c.mesh2grid_edges, 3 * L, L, H, L)
-           + _mlp_flops(B * c.grid_nodes, 2 * L, L, H, L)
-           + _mlp_flops(B * c.grid_nodes, L, L, H, O))
-    return {"encoder": enc, "processor_step": step, "decoder": dec,
-            "forward": enc + S * step + dec}
+    return {k: v[0] for k, v in stage_work(model, task, counts, batch, memory).items()}
+
+
+def recompute_runs(memory: MemoryConfig, steps: int) -> dict:
+    """How many extra times each stage's forward pass runs in one training step.
+
+    A checkpointed processor step is run twice (once more in the backward pass); under
+    `nested:k` a step is run three times (group recompute, then its own); encoder and
+    decoder edge blocks and whole-stage checkpoints rerun their edge MLPs / stage once
+    (edge blocks in the encoder rerun its edge messages, about half of it); a rollout
+    under `rollout_remat` runs each forward once more.
+
+    Returns:
+      `{'encoder', 'processor_step', 'decoder', 'forward'}` -> extra runs.
+    """
+    n = memory.checkpointed_steps(steps)
+    runs = {"encoder": 0.0, "decoder": 0.0, "forward": 0.0,
+            "processor_step": float(n * (2 if memory.processor_remat == "nested" else 1))}
+    if memory.checkpoint_encoder:
+        runs["encoder"] = 1.0
+    elif memory.edge_block_size is not None:
+        runs["encoder"] = 0.5
+    if memory.checkpoint_decoder or memory.edge_block_size is not None:
+        runs["decoder"] = 1.0
+    if memory.rollout_remat:
+        runs["forward"] = 1.0
+    return runs
 
 
 def recompute_flops(model: ModelConfig, task: TaskConfig, memory: MemoryConfig,
                     counts: GraphCounts, batch: int = 1) -> float:
-    """Extra forward FLOPs the remat choices of `memory` add to one training step.
+    """Extra forward FLOPs the remat choices of `memory` add to one training step
+    (`recompute_runs` x the stages' FLOPs under `memory`)."""
+    f = stage_flops(model, task, counts, batch, memory)
+    return sum(r * f[k] for k, r in recompute_runs(memory, model.processor_steps).items())
 
-    A checkpointed processor step is run twice (once more in the backward pass); under
-    `nested:k` a step is run three times (group recompute, then its own); encoder and
-    decoder edge blocks and whole-stage checkpoints rerun their edge MLPs / stage once.
+
+#: The backward pass of a matmul costs two forward ones (one product per operand), and
+#: moves about twice the forward's bytes (it reads what the forward saved and writes
+#: gradients).
+BACKWARD_FORWARDS = 2.0
+#: AdamW reads parameters, gradients and two moments and writes parameters and moments:
+#: 7 float32 values per parameter.
+OPTIMIZER_VALUES_PER_PARAM = 7
+
+
+def step_work(model: ModelConfig, task: TaskConfig, memory: MemoryConfig,
+              counts: Optional[GraphCounts] = None, batch: int = 1, rollout: int = 1
+              ) -> tuple[float, float]:
+    """(FLOPs, bytes moved) of one training step: forward, backward, recompute, AdamW.
+
+    Per autoregressive step: the forward (`stage_work`), `BACKWARD_FORWARDS` times it
+    for the backward pass, and the recomputed stages (`recompute_runs`); activations
+    are 4 bytes in float32, 2 in bfloat16. The optimizer adds
+    `OPTIMIZER_VALUES_PER_PARAM` float32 values per parameter (its FLOPs are negligible).
+    These are counts for a speed model (`gclab.sizing.speed`), not a promise of what a
+    compiler moves: fusion may keep some intermediates in registers or caches.
     """
-    f = stage_flops(model, task, counts, batch)
-    S = model.processor_steps
-    kind = memory.processor_remat
-    n = memory.checkpointed_steps(S)
-    extra = n * f["processor_step"] * (2 if kind == "nested" else 1)
-    if memory.checkpoint_encoder:
-        extra += f["encoder"]
-    elif memory.edge_block_size is not None:
-        extra += f["encoder"] * 0.5  # the edge messages only (about half the encoder)
-    if memory.checkpoint_decoder or memory.edge_block_size is not None:
-        extra += f["decoder"]
-    if memory.rollout_remat:
-        extra += f["forward"]
-    return extra
+    c = counts or GraphCounts.for_model(model)
+    u = 2 if memory.precision == "bf16" else 4
+    work = stage_work(model, task, c, batch, memory)
+    runs = recompute_runs(memory, model.processor_steps)
+    flops, moved = ((1 + BACKWARD_FORWARDS) * work["forward"][i]
+                    + sum(r * work[k][i] for k, r in runs.items()) for i in (0, 1))
+    params = param_count(model, task)
+    return (rollout * flops,
+            rollout * u * moved + 4.0 * OPTIMIZER_VALUES_PER_PARAM * params)
 
 
 # ---------------------------------------------------------------------------------------
@@ -406,7 +511,7 @@ def estimate(model: ModelConfig, task: TaskConfig, memory: Optional[MemoryConfig
     arguments = params_b + opt_b + example + graph
     outputs = 0 if mem.donate else params_b + opt_b
     temp = loss_grad_temp + grads_b
-    f = stage_flops(model, task, c, batch)
+    f = stage_flops(model, task, c, batch, mem)
     recompute = recompute_flops(model, task, mem, c, batch) / f["forward"]
     return MemoryEstimate(
         num_params=P, params_bytes=params_b, grads_bytes=grads_b, optimizer_bytes=opt_b,

@@ -6,19 +6,20 @@ named recipe, keeps those whose per-device compiled total fits the usable budget
 (`gclab.devices.fits`: a card stands for JAX's pool on it, as everywhere in gclab), and
 picks the one with the least predicted step time:
 
-    time = (3 + r) x F / (D x flops_per_s)  +  C / link_bytes_per_s
+    time = (F / flops_per_s + M / memory_bytes_per_s) / D  +  C / link_bytes_per_s
 
-F is the forward FLOPs of the global batch (`gclab.sizing.analytical.stage_flops`: the
-backward pass costs about twice the forward), r the recipe's extra forward FLOPs over
-one forward (`recompute_flops`), D the devices, and C the bytes each device receives or
-reduces per step, read from the partitioned program's optimised HLO
-(`gclab.measure.collectives`). It assumes no overlap of compute and communication and
+F and M are the FLOPs and bytes of one training step of the global batch (forward,
+backward, recompute and optimizer: `gclab.sizing.analytical.step_work`, the counts the
+single-device planner ranks with, `gclab.sizing.speed`), D the devices, and C the bytes
+each device receives or reduces per step, read from the partitioned program's optimised
+HLO (`gclab.measure.collectives`). It assumes no overlap of compute and communication and
 perfect balance between devices, so it ranks candidates; it does not promise seconds.
 XLA's own cost analysis is not used for F: it counts a loop body once, whatever its
 trip count (the 16 processor steps are one `lax.scan`).
 
-Card speeds are the vendors' published dense figures (`CARD_SPEEDS`); a budget given in
-bytes is ranked with `REFERENCE_CARD`'s speeds, and the explanation says so.
+Card speeds are the vendors' published dense figures (`gclab.sizing.speed.CARD_SPEEDS`);
+a budget given in bytes is ranked with `REFERENCE_CARD`'s speeds, and the explanation
+says so.
 """
 
 from __future__ import annotations
@@ -27,43 +28,15 @@ import dataclasses
 from typing import Any, Optional, Union
 
 from gclab.config import ModelConfig, TaskConfig
-from gclab.devices import FIT_MARGIN, card, fits
+from gclab.devices import FIT_MARGIN, fits
 from gclab.geometry.graphs import graphs_for
 from gclab.measure.compiled import format_bytes
 from gclab.memory.config import RECIPES, get_recipe
 from gclab.parallel.config import layouts
 from gclab.sizing import analytical
 from gclab.sizing.planner import NothingFits, parse_budget
+from gclab.sizing.speed import CARD_SPEEDS, REFERENCE_CARD, CardSpeed, card_name
 from gclab.sizing.step import StepSpec, compile_train_step
-
-
-@dataclasses.dataclass(frozen=True)
-class CardSpeed:
-    """Published peak speeds of one card (dense, no sparsity).
-
-    Attributes:
-      f32_flops: float32 matmul FLOP/s (TF32 tensor cores where the card has them, as
-        XLA uses them for float32 matmuls by default on such cards).
-      bf16_flops: bfloat16 (or float16 where the card has no bfloat16) FLOP/s.
-      link_bytes_per_s: device-to-device bandwidth per device (NVLink, or PCIe).
-    """
-    f32_flops: float
-    bf16_flops: float
-    link_bytes_per_s: float
-
-
-T = 1e12
-G = 1e9
-#: Vendors' data-sheet figures (SXM forms for A100/H100; PCIe 3/4 x16 where no NVLink).
-CARD_SPEEDS = {
-    "T4": CardSpeed(8.1 * T, 65 * T, 16 * G),
-    "L4": CardSpeed(60 * T, 121 * T, 32 * G),
-    "A100-40GB": CardSpeed(156 * T, 312 * T, 300 * G),
-    "A100-80GB": CardSpeed(156 * T, 312 * T, 300 * G),
-    "H100": CardSpeed(495 * T, 990 * T, 450 * G),
-    "H200": CardSpeed(495 * T, 990 * T, 450 * G),
-}
-REFERENCE_CARD = "H100"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -118,16 +91,6 @@ class LayoutPlan:
         return "\n".join(lines)
 
 
-def card_name(budget: Union[int, float, str]) -> Optional[str]:
-    """The `CARDS` name a budget names (any case), else None."""
-    if not isinstance(budget, str):
-        return None
-    try:
-        return card(budget).name
-    except ValueError:
-        return None
-
-
 def predicted_seconds(spec: StepSpec, collective_bytes: int, speed: CardSpeed,
                       counts: Optional[analytical.GraphCounts] = None) -> float:
     """The predicted step time of `spec` on cards of `speed` (see the module docstring).
@@ -135,10 +98,10 @@ def predicted_seconds(spec: StepSpec, collective_bytes: int, speed: CardSpeed,
     `counts` are the model's graph sizes (read from its cached graphs when not given).
     """
     counts = counts if counts is not None else analytical.GraphCounts.for_model(spec.model)
-    f = analytical.stage_flops(spec.model, spec.task, counts, spec.batch)["forward"]
-    extra = analytical.recompute_flops(spec.model, spec.task, spec.memory, counts, spec.batch)
     flops_per_s = speed.f32_flops if spec.memory.precision == "f32" else speed.bf16_flops
-    compute = (3 * f + extra) / (spec.parallel.devices * flops_per_s)
+    flops, moved = analytical.step_work(spec.model, spec.task, spec.memory, counts,
+                                        spec.batch, spec.rollout)
+    compute = (flops / flops_per_s + moved / speed.memory_bytes_per_s) / spec.parallel.devices
     return compute + collective_bytes / speed.link_bytes_per_s
 
 

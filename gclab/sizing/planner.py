@@ -1,16 +1,22 @@
-"""Memory planner: the technique settings that fit a budget with the least recomputation.
+"""Memory planner: the technique settings that fit a budget in the least predicted time.
 
-`plan(budget, model, task)` walks a ladder of `MemoryConfig`s ordered by recompute cost
+`plan(budget, model, task)` considers a ladder of `MemoryConfig`s (`ladder`)
 
-  none -> ratio:r (a small MILP picks how many steps to checkpoint) -> per-step ->
-  every:k / nested:k -> + edge blocks -> + processor edge blocks -> + gather after
-  matmul -> lean (streamed grid nodes),
+  none, gather after matmul (gam), ratio:r (a small MILP picks how many steps to
+  checkpoint), per-step, every:k / nested:k, + edge blocks, + processor edge blocks,
+  + gam, deepmind, lean (nested remat, blocks everywhere, gam, streamed grid nodes),
 
-predicts each one's peak with the analytical model (`gclab.sizing.analytical`), takes the cheapest
-that fits, and, where compiling is quick, verifies it with XLA's compiled figure
-(`gclab.sizing.train_step_memory`), stepping down the ladder until a compiled figure
-fits. With compiled figures in use, the returned setting's compiled figure never
-exceeds the usable budget (`headroom x budget`).
+predicts each one's peak with the analytical model (`gclab.sizing.analytical`) and its
+step time with a speed model (`gclab.sizing.speed`: the step's FLOPs and bytes, counted
+with recompute, in seconds by a calibration measured on the device or by the card's data
+sheet), and takes the fastest that fits. Where compiling is quick, it verifies the
+choice with XLA's compiled figure (`gclab.sizing.train_step_memory`), going on to the
+next fastest until a compiled figure fits. With compiled figures in use, the returned
+setting's compiled figure never exceeds the usable budget (`headroom x budget`).
+
+A setting that saves memory and time at once (gather after matmul removes the
+`[E, B, 3L]` concatenation and two thirds of each edge MLP's first-layer FLOPs) beats one
+that saves memory by recomputing, whenever it fits.
 
 Shapes: B batch, S processor steps, L latent, Ng grid nodes, Nm mesh nodes, E edges.
 """
@@ -21,7 +27,7 @@ import dataclasses
 import functools
 import math
 import re
-from typing import Any, Union
+from typing import Any, Optional, Union
 
 import numpy as np
 import pandas as pd
@@ -32,6 +38,7 @@ from gclab.devices import CARDS, FIT_MARGIN, card_usable_bytes
 from gclab.measure.compiled import format_bytes
 from gclab.memory.config import PRECISIONS, RECIPES, MemoryConfig
 from gclab.sizing import analytical
+from gclab.sizing.speed import SpeedModel, card_name, speed_for
 from gclab.sizing.step import StepSpec, train_step_memory
 
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
@@ -81,7 +88,7 @@ def parse_budget(budget: Union[int, float, str]) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    """The chosen setting and how it was chosen.
+    """The chosen setting and how it was chosen (the fastest that fits).
 
     Attributes:
       memory: the chosen techniques.
@@ -93,12 +100,14 @@ class Plan:
       usable_bytes: `headroom x budget` (`gclab.devices.FIT_MARGIN` by default), what the
         peak must stay under.
       candidates: every candidate considered (label, modelled and compiled bytes, recompute,
-        fits), cheapest recompute first.
+        predicted seconds, fits), fastest first.
       model: the model.
       task: the task.
       batch: B.
       rollout: T.
       milp: what the mixed-integer problem chose (steps checkpointed, edge blocks).
+      predicted_seconds: the chosen setting's predicted step time.
+      speed: the speed model that ranked the candidates (`gclab.sizing.speed`).
     """
     memory: MemoryConfig
     label: str
@@ -113,6 +122,8 @@ class Plan:
     batch: int
     rollout: int
     milp: dict
+    predicted_seconds: float = float("nan")
+    speed: Optional[SpeedModel] = None
 
     def to_dict(self) -> dict[str, Any]:
         """A JSON-able summary."""
@@ -120,7 +131,8 @@ class Plan:
                 "predicted_peak_bytes": self.predicted_peak_bytes, "source": self.source,
                 "recompute_fraction": self.recompute_fraction,
                 "budget_bytes": self.budget_bytes, "usable_bytes": self.usable_bytes,
-                "milp": self.milp,
+                "milp": self.milp, "predicted_seconds": self.predicted_seconds,
+                "speed": self.speed.to_dict() if self.speed else None,
                 "candidates": json_records(self.candidates)}
 
     def explain(self) -> str:
@@ -134,15 +146,22 @@ class Plan:
             f"Chosen: {self.label} (processor remat {self.memory.remat_spec}"
             + (f", edge blocks of {self.memory.edge_block_size}"
                if self.memory.edge_block_size else "")
+            + (", processor edge blocks" if self.memory.processor_edge_blocks else "")
             + (", gather after matmul" if self.memory.gather_after_matmul else "")
             + (", streamed grid nodes" if self.memory.stream_grid_nodes else "") + ").",
             f"Predicted peak {format_bytes(self.predicted_peak_bytes)} ({self.source}), "
             f"about {100 * self.recompute_fraction:.0f}% extra forward FLOPs.",
+            f"Predicted step {_ms(self.predicted_seconds)} with "
+            f"{self.speed.name if self.speed else 'no speed model'}"
+            + (f"; {_ms(self._seconds_of('none'))} for none." if "none" in
+               set(self.candidates["label"]) and self.label != "none" else "."),
         ]
-        cheaper = self.candidates[self.candidates["recompute"] < self.recompute_fraction - 1e-9]
-        if len(cheaper):
-            lines.append("Cheaper settings did not fit: " + ", ".join(
-                f"{r.label} ({format_bytes(r.peak_bytes)})" for r in cheaper.itertuples()) + ".")
+        faster = self.candidates[self.candidates["predicted_seconds"]
+                                 < self.predicted_seconds * (1 - 1e-9)]
+        if len(faster):
+            lines.append("Faster settings did not fit: " + ", ".join(
+                f"{r.label} ({format_bytes(r.peak_bytes)}, {_ms(r.predicted_seconds)})"
+                for r in faster.itertuples()) + ".")
         if self.milp.get("status") == "infeasible":
             lines.append("No mix of checkpointed processor steps and edge blocks fits by the "
                          "formula (the MILP is infeasible); the settings above come from the "
@@ -154,6 +173,14 @@ class Plan:
                          + f" ({self.milp.get('status', '')}).")
         return "\n".join(lines)
 
+    def _seconds_of(self, label: str) -> float:
+        return float(self.candidates.loc[self.candidates["label"] == label,
+                                         "predicted_seconds"].iloc[0])
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.3g} ms" if seconds < 1 else f"{seconds:.3g} s"
+
 
 def json_records(df: pd.DataFrame) -> list:
     """DataFrame rows as JSON-able dicts (NaN as None)."""
@@ -162,15 +189,24 @@ def json_records(df: pd.DataFrame) -> list:
             for r in df.to_dict(orient="records")]
 
 
-def _ladder(S: int, precision: str) -> list[tuple[str, MemoryConfig]]:
-    """The candidate settings (before the MILP's ratio), least recompute first."""
+def ladder(S: int, precision: str = "f32") -> list[tuple[str, MemoryConfig]]:
+    """The candidate settings before the MILP's mix, as `(label, MemoryConfig)`.
+
+    Remat and edge blocks trade time for memory; gather after matmul (`+gam`) saves both,
+    so it appears at several rungs.
+
+    Args:
+      S: processor steps (group sizes above S are left out).
+      precision: `f32` or `bf16`.
+    """
     base = MemoryConfig(precision=precision)
     blocks = dict(edge_block_size=EDGE_BLOCK)
-    out = [("none", base), ("per-step", base.replace(processor_remat="step"))]
+    step = base.replace(processor_remat="step")
+    out = [("none", base), ("gam", base.replace(gather_after_matmul=True)),
+           ("per-step", step), ("per-step+gam", step.replace(gather_after_matmul=True))]
     for k in sorted({2, 3, 4} & set(range(2, S + 1))):
         out.append((f"every:{k}", base.replace(processor_remat="every", remat_group_size=k)))
         out.append((f"nested:{k}", base.replace(processor_remat="nested", remat_group_size=k)))
-    step = base.replace(processor_remat="step")
     out += [
         ("per-step+blocks", step.replace(**blocks)),
         ("per-step+blocks+ckpt", step.replace(checkpoint_encoder=True,
@@ -184,13 +220,14 @@ def _ladder(S: int, precision: str) -> list[tuple[str, MemoryConfig]]:
     return out
 
 
-def _milp(model, task, counts, usable, batch, rollout, precision, u):
-    """Which steps to checkpoint (and whether to use edge blocks) at least recompute.
+def _milp(model, task, counts, usable, batch, rollout, precision, u, speed):
+    """Which steps to checkpoint (and whether to use edge blocks) in the least time.
 
     Variables: x_i in {0, 1} checkpoints processor step i; y in {0, 1} turns on the
     encoder/decoder edge blocks. Memory is linear in them (from the analytical model:
     each checkpointed step trades its internals for its boundary; blocks remove the
-    encoder/decoder edge internals); cost is the recomputed forward FLOPs.
+    encoder/decoder edge internals), and so is the predicted time (`speed`: the
+    recomputed forward FLOPs and bytes, and the change in bytes held).
 
     Returns:
       `(memory_config or None, info)`.
@@ -202,13 +239,18 @@ def _milp(model, task, counts, usable, batch, rollout, precision, u):
         return analytical.estimate(model, task, mem, batch=batch, rollout=rollout,
                                    counts=counts, activation_bytes=u).total_bytes
 
+    def extra_seconds(mem, held):  # per rollout step, as the memory change
+        work = analytical.stage_work(model, task, counts, batch, mem)
+        runs = analytical.recompute_runs(mem, S)
+        flops, moved = (sum(r * work[k][i] for k, r in runs.items()) for i in (0, 1))
+        return rollout * speed.seconds_of(flops, u * moved, held)
+
     m0 = total(base)
     per_step = (total(base.replace(processor_remat="step")) - m0) / S  # < 0
     blocks_mem = base.replace(edge_block_size=EDGE_BLOCK)
     d_blocks = total(blocks_mem) - m0
-    flops = analytical.stage_flops(model, task, counts, batch)
-    f_blocks = analytical.recompute_flops(model, task, blocks_mem, counts, batch)
-    c = np.array([flops["processor_step"]] * S + [f_blocks]) / flops["forward"]
+    step_seconds = extra_seconds(base.replace(processor_remat="step"), S * per_step) / S
+    c = np.array([step_seconds] * S + [extra_seconds(blocks_mem, d_blocks)])
     a = np.array([per_step] * S + [d_blocks])
     # Symmetry: checkpoint the first steps (x_i >= x_{i+1}), as `ratio` does.
     rows = [a]
@@ -232,7 +274,7 @@ def _milp(model, task, counts, usable, batch, rollout, precision, u):
     if y:
         mem = mem.replace(edge_block_size=EDGE_BLOCK)
     return mem, {"status": "optimal", "steps": n, "edge_blocks": y,
-                 "recompute": float(res.fun)}
+                 "extra_seconds": float(res.fun)}
 
 
 @functools.lru_cache(maxsize=256)
@@ -243,8 +285,9 @@ def _compiled_total(model: ModelConfig, task: TaskConfig, mem: MemoryConfig, bat
 
 def plan(budget: Union[int, float, str], model: ModelConfig, task: TaskConfig, *,
          batch: int = 1, rollout: int = 1, precision: str = "f32",
-         use_compiled: Union[bool, str] = "auto", headroom: float = FIT_MARGIN) -> Plan:
-    """The memory techniques that fit `budget` with the least recomputation.
+         use_compiled: Union[bool, str] = "auto", headroom: float = FIT_MARGIN,
+         speed: Optional[SpeedModel] = None) -> Plan:
+    """The memory techniques that fit `budget` in the least predicted step time.
 
     Args:
       budget: usable bytes, a string such as '16GiB' / '12GB' / '500MiB', or a card in
@@ -258,6 +301,10 @@ def plan(budget: Union[int, float, str], model: ModelConfig, task: TaskConfig, *
         analytical model only; `auto`: compiled where the grid has at most
         `AUTO_COMPILE_MAX_GRID_NODES` nodes.
       headroom: the fraction of the budget a peak may use (`gclab.devices.FIT_MARGIN`).
+      speed: how candidates' step times are predicted (default
+        `gclab.sizing.speed.speed_for`: the calibration recorded for the card `budget`
+        names, or for the device JAX finds when it names none, else that card's data
+        sheet).
 
     Returns:
       A `Plan`.
@@ -283,8 +330,13 @@ def plan(budget: Union[int, float, str], model: ModelConfig, task: TaskConfig, *
     # float32 inside its kernels, but what a step keeps between them is bfloat16).
     u = 4 if precision == "f32" else 2
 
-    cands = _ladder(model.processor_steps, precision)
-    milp_mem, milp_info = _milp(model, task, counts, usable, batch, rollout, precision, u)
+    cands = ladder(model.processor_steps, precision)
+    if speed is None:
+        speed = speed_for(card_name(budget), precision)
+    elif not isinstance(speed, SpeedModel):
+        raise ValueError(f"plan: speed must be a SpeedModel, not a {type(speed).__name__}")
+    milp_mem, milp_info = _milp(model, task, counts, usable, batch, rollout, precision, u,
+                                speed)
     if milp_mem is not None and all(milp_mem != m for _, m in cands):
         cands.insert(1, (f"milp({milp_mem.remat_spec}"
                          + (",blocks" if milp_mem.edge_block_size else "") + ")", milp_mem))
@@ -292,9 +344,12 @@ def plan(budget: Union[int, float, str], model: ModelConfig, task: TaskConfig, *
     for label, mem in cands:
         e = analytical.estimate(model, task, mem, batch=batch, rollout=rollout, counts=counts,
                                 activation_bytes=u)
+        seconds = speed.seconds(StepSpec(model, task, mem, batch, rollout), counts)
         rows.append({"label": label, "memory": mem, "modelled_bytes": e.total_bytes,
-                     "recompute": e.recompute_fraction, "compiled_bytes": np.nan})
-    rows.sort(key=lambda r: (round(r["recompute"], 6), r["modelled_bytes"]))
+                     "recompute": e.recompute_fraction, "predicted_seconds": seconds,
+                     "compiled_bytes": np.nan})
+    # Fastest first; among equally fast ones the smallest.
+    rows.sort(key=lambda r: (r["predicted_seconds"], r["modelled_bytes"]))
 
     chosen = None
     for r in rows:
@@ -325,4 +380,5 @@ def plan(budget: Union[int, float, str], model: ModelConfig, task: TaskConfig, *
                 predicted_peak_bytes=int(peak), source="compiled" if compiled else "modelled",
                 recompute_fraction=float(chosen["recompute"]), budget_bytes=total,
                 usable_bytes=usable, candidates=table, model=model, task=task, batch=batch,
-                rollout=rollout, milp=milp_info)
+                rollout=rollout, milp=milp_info,
+                predicted_seconds=float(chosen["predicted_seconds"]), speed=speed)

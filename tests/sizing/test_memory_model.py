@@ -9,7 +9,7 @@ import pytest
 from gclab.config import PRESETS, ModelConfig, TaskConfig
 from gclab.memory import RECIPES
 from gclab.model import count_params, param_shapes
-from gclab.sizing import StepSpec, analytical, planner
+from gclab.sizing import StepSpec, analytical, planner, speed
 
 # The module: `gclab.sizing.sweep` is also the name of the function the package exports.
 sweep = importlib.import_module("gclab.sizing.sweep")
@@ -106,15 +106,19 @@ def test_planner_never_exceeds_budget_with_compiled_figures():
         assert p.memory != RECIPES["none"]
         assert not p.candidates.empty and p.label in set(p.candidates["label"])
         assert "Chosen" in p.explain()
-        labels.append((p.recompute_fraction, p.label))
-    # A larger budget never needs more recomputation.
+        labels.append((p.predicted_seconds, p.label))
+    # A larger budget never gives a slower step.
     assert labels[0][0] >= labels[1][0] >= labels[2][0]
 
 
-def test_planner_picks_none_when_generous_and_raises_when_tiny():
+def test_planner_picks_the_fastest_when_generous_and_raises_when_tiny():
     none = _compiled_total("none")
-    p = planner.plan(2 * none, PLAN_MODEL, TASK, use_compiled=True)
-    assert p.memory == RECIPES["none"] and p.recompute_fraction == 0
+    p = planner.plan(2 * none, PLAN_MODEL, TASK, use_compiled=True,
+                     speed=speed.data_sheet("H100"))
+    # Everything fits: the fastest is none with gather after matmul (fewer FLOPs, no remat).
+    assert p.candidates["fits"].all() and p.label == "gam"
+    assert p.memory == RECIPES["none"].replace(gather_after_matmul=True)
+    assert p.predicted_seconds == p.candidates["predicted_seconds"].min()
     with pytest.raises(planner.NothingFits, match="smallest requirement"):
         planner.plan("1MiB", PLAN_MODEL, TASK, use_compiled=True)
 
