@@ -14,7 +14,9 @@ inside) into ``$GCLAB_RECORDINGS`` or ``./gclab-recordings``, which the chapters
     GCLAB_SCALE=80GB python benchmarks/record_gpu.py --list  # the parts of another scale
 
 On a machine without a GPU it refuses to record (one line, exit status 2): CPU figures are
-recorded by `memory_recipes.py`.
+recorded by `memory_recipes.py`. On the same card, ``python benchmarks/planner_calibration.py
+--presets graphcast-small`` times the planner's candidates and writes the calibration that
+`gclab plan` then uses for that card instead of its data sheet.
 """
 
 from __future__ import annotations
