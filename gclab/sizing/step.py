@@ -274,7 +274,7 @@ def compile_train_step(spec: StepSpec, graphs: Optional[Graphs] = None, *,
     lines = None
     with contextlib.ExitStack() as stack:
         if mesh is not None:
-            stack.enter_context(use_layout(mesh, spec.parallel.mesh_nodes))
+            stack.enter_context(use_layout(mesh, spec.parallel))
         if timeline:
             compiled, seconds, lines = compile_with_timeline(
                 step, *args, donate_argnums=donate, name=spec.memory_label(),
