@@ -433,14 +433,9 @@ def _blocked_decoder(P, graph, grid, mesh, mem, P_enc, inputs) -> Array:
     return merge_blocks(out, ng, shards)  # [Ng, B, O]
 
 
-def graphcast_forward(P: dict, graph: GraphInputs, inputs: Array, mem: MemoryConfig) -> Array:
-    """The whole network on grouped parameters `P` (see `_all_params`). [Ng,B,C] -> [Ng,B,O]."""
-    dtype = compute_dtype(mem.precision)
-    P = cast_tree(P, dtype)  # parameters stay float32; gradients come back float32
-    # Streamed grid nodes gather their inputs block by block and cast each block: a
-    # bfloat16 copy of all inputs would be sliced through float32 copies on XLA:CPU (see
-    # `residuals_as_bits`), a copy twice its size.
-    inputs = split_rows(inputs if mem.stream_grid_nodes else inputs.astype(dtype))  # [Ng,B,C]
+def stage_runners(mem: MemoryConfig) -> tuple:
+    """`(run_encoder, run_decoder)`: the encoder and decoder under `mem`'s whole-stage
+    checkpoints (`checkpoint_encoder`, `checkpoint_decoder`), in named scopes."""
 
     def run_encoder(P_enc, graph, inputs):
         with jax.named_scope("encoder"):
@@ -454,6 +449,18 @@ def graphcast_forward(P: dict, graph: GraphInputs, inputs: Array, mem: MemoryCon
         run_encoder = stage_checkpoint(run_encoder)
     if mem.checkpoint_decoder:
         run_decoder = stage_checkpoint(run_decoder)
+    return run_encoder, run_decoder
+
+
+def graphcast_forward(P: dict, graph: GraphInputs, inputs: Array, mem: MemoryConfig) -> Array:
+    """The whole network on grouped parameters `P` (see `_all_params`). [Ng,B,C] -> [Ng,B,O]."""
+    dtype = compute_dtype(mem.precision)
+    P = cast_tree(P, dtype)  # parameters stay float32; gradients come back float32
+    # Streamed grid nodes gather their inputs block by block and cast each block: a
+    # bfloat16 copy of all inputs would be sliced through float32 copies on XLA:CPU (see
+    # `residuals_as_bits`), a copy twice its size.
+    inputs = split_rows(inputs if mem.stream_grid_nodes else inputs.astype(dtype))  # [Ng,B,C]
+    run_encoder, run_decoder = stage_runners(mem)
     layout = active_pipeline()
     if layout is not None:
         return pipelined_forward(P, graph, inputs, mem, layout, run_encoder,
@@ -586,6 +593,35 @@ def make_network(model: ModelConfig, data_channels: int, output_channels: int,
                              f"{graph.grid_nodes.shape[0]}")
         P = _all_params(model, data_channels, output_channels)
         return graphcast_forward(P, graph, inputs, mem)
+
+    return hk.without_apply_rng(hk.transform(forward))
+
+
+def make_stage_network(model: ModelConfig, data_channels: int, output_channels: int,
+                       memory: MemoryConfig, layout, stage: int) -> hk.Transformed:
+    """One pipeline stage of the network alone, as a Haiku transform (for sizing a stage).
+
+    Args:
+      model, data_channels, output_channels, memory: as in `make_network`.
+      layout: a `gclab.parallel.ParallelConfig` with `pipeline` > 1 (its stage steps and
+        per-stage remat).
+      stage: which stage.
+
+    Returns:
+      `net` with `net.apply(params, graph, state, inputs) -> (state, out)` on the whole
+      network's parameters (`make_network`'s): the first stage reads `inputs` [Ng, b, C],
+      the others `state`, as `pipeline_stages` describes; `out` [Ng, b, O] is None except
+      on the last stage.
+    """
+    mem = memory
+
+    def forward(graph: GraphInputs, state, inputs: Array):
+        P = cast_tree(_all_params(model, data_channels, output_channels),
+                      compute_dtype(mem.precision))
+        if inputs is not None and not mem.stream_grid_nodes:
+            inputs = inputs.astype(compute_dtype(mem.precision))
+        stages = pipeline_stages(P, graph, mem, layout, *stage_runners(mem))
+        return stages[stage](P, state, inputs)
 
     return hk.without_apply_rng(hk.transform(forward))
 
