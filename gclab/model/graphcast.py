@@ -493,9 +493,9 @@ def stage_memory(mem: MemoryConfig, steps: int, checkpointed: Optional[int]) -> 
     return stage
 
 
-def pipeline_stages(P: dict, graph: GraphInputs, mem: MemoryConfig, layout,
-                    run_encoder, run_decoder) -> list:
-    """The stage functions of a pipeline (`gclab.parallel.pipeline.gpipe`).
+def pipeline_stages(steps: int, mem: MemoryConfig, layout, run_encoder, run_decoder) -> list:
+    """The stage functions `stage((P, graph), state, x) -> (state, out)` of a pipeline
+    (`gclab.parallel.pipeline.gpipe`), for a processor of `steps` steps.
 
     Stage s runs the processor steps `layout.stage_bounds(S)[s]` with its own remat
     (`stage_memory`); the first stage embeds the micro-batch first (encoder and multimesh
@@ -504,15 +504,16 @@ def pipeline_stages(P: dict, graph: GraphInputs, mem: MemoryConfig, layout,
     `[Ng, b, L]`, or with streamed grid nodes the inputs `[Ng, b, C]`), mesh-node
     latents `[Nm, b, L]` and edge latents.
     """
-    S = P["processor"]["processor_edges_mesh"]["layers"][0][0].shape[0]
-    bounds = layout.stage_bounds(S)
+    bounds = layout.stage_bounds(steps)
     last = len(bounds) - 1
 
     def make(s: int, first: int, end: int):
         checkpointed = None if layout.stage_remat is None else layout.stage_remat[s]
         smem = stage_memory(mem, end - first, checkpointed)
 
-        def stage(P, state, x):  # x: [Ng, b, C], state: (skip, mesh, edges)
+        def stage(operands, state, x):  # x: [Ng, b, C], state: (skip, mesh, edges)
+            # The graph comes in as an argument: inside `shard_map` every array must.
+            P, graph = operands
             if s == 0:
                 grid, mesh = run_encoder(P["encoder"], graph, x)
                 skip = x if mem.stream_grid_nodes else grid
@@ -548,18 +549,20 @@ def pipelined_forward(P: dict, graph: GraphInputs, inputs: Array, mem: MemoryCon
         raise ValueError(f"batch {batch} is not divisible by the pipeline's microbatches:{M}")
     b = batch // M
     xs = jnp.moveaxis(inputs.reshape(ng, b, M, channels), 2, 0)  # [M, Ng, b, C]
-    stages = pipeline_stages(P, graph, mem, layout, run_encoder, run_decoder)
-    state_shape, _ = jax.eval_shape(stages[0], P, None, xs[0])
-    _, out_shape = jax.eval_shape(stages[-1], P, state_shape, xs[0])  # [Ng, b, O]
+    steps = P["processor"]["processor_edges_mesh"]["layers"][0][0].shape[0]
+    stages = pipeline_stages(steps, mem, layout, run_encoder, run_decoder)
+    operands = (P, graph)
+    state_shape, _ = jax.eval_shape(stages[0], operands, None, xs[0])
+    _, out_shape = jax.eval_shape(stages[-1], operands, state_shape, xs[0])  # [Ng, b, O]
 
     def with_output(stage):  # every stage returns the last stage's output type
-        def run(P, state, x):
-            state, out = stage(P, state, x)
+        def run(operands, state, x):
+            state, out = stage(operands, state, x)
             return state, jnp.zeros(out_shape.shape, out_shape.dtype) if out is None else out
         return run
 
     zeros = jax.tree_util.tree_map(lambda a: jnp.zeros(a.shape, a.dtype), state_shape)
-    outs = gpipe([with_output(f) for f in stages], P, xs, zeros, M)  # [M, Ng, b, O]
+    outs = gpipe([with_output(f) for f in stages], operands, xs, zeros, M)  # [M, Ng, b, O]
     return jnp.moveaxis(outs, 0, 2).reshape(ng, batch, -1)  # [Ng, B, O]
 
 
@@ -620,8 +623,8 @@ def make_stage_network(model: ModelConfig, data_channels: int, output_channels: 
                       compute_dtype(mem.precision))
         if inputs is not None and not mem.stream_grid_nodes:
             inputs = inputs.astype(compute_dtype(mem.precision))
-        stages = pipeline_stages(P, graph, mem, layout, *stage_runners(mem))
-        return stages[stage](P, state, inputs)
+        stages = pipeline_stages(model.processor_steps, mem, layout, *stage_runners(mem))
+        return stages[stage]((P, graph), state, inputs)
 
     return hk.without_apply_rng(hk.transform(forward))
 

@@ -6,6 +6,8 @@
 | `analytical` | the memory formula (bytes by stage, from graph counts and switches) |
 | `sweep` | a grid of configurations x techniques, compiled or measured, cached |
 | `planner` | the technique settings that fit a memory budget |
+| `layout_plan` | the layout (data x spatial, data x pipeline) and recipe of least predicted time |
+| `pipeline_plan` | each pipeline stage's steps and remat by MILP, against one ratio for all |
 """
 
 from gclab.sizing.analytical import GraphCounts, MemoryEstimate, estimate, param_count

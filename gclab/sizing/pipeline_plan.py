@@ -302,3 +302,87 @@ def fit_stage_costs(model: ModelConfig, task: TaskConfig, memory: MemoryConfig,
     return StageCosts(base, float(stored), float(checkpointed), f["processor_step"] / flops_per_s,
                       f["encoder"] / flops_per_s, f["decoder"] / flops_per_s,
                       state_bytes / link_bytes_per_s)
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineChoice:
+    """The MILP's per-stage choice and one ratio for all stages, for one pipeline layout.
+
+    Attributes:
+      layout: the pipeline layout with the MILP's stage steps and remat (None when
+        nothing fits).
+      costs: the fitted `StageCosts`.
+      stage_budget: bytes a stage program may take (the device's share of the plan
+        minus the optimizer's two moments, which a stage program does not hold).
+      milp: the MILP's `StageChoice` (None when nothing fits).
+      uniform: one ratio for all stages on the even split.
+      compiled_milp, compiled_uniform: compiled bytes of each stage's program for both.
+    """
+    layout: Optional[ParallelConfig]
+    costs: StageCosts
+    stage_budget: float
+    milp: Optional[StageChoice]
+    uniform: StageChoice
+    compiled_milp: tuple
+    compiled_uniform: tuple
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"parallel": None if self.layout is None else self.layout.spec,
+                "costs": dataclasses.asdict(self.costs), "stage_budget": self.stage_budget,
+                "milp": None if self.milp is None else self.milp.to_dict(),
+                "uniform": self.uniform.to_dict(), "compiled_milp": list(self.compiled_milp),
+                "compiled_uniform": list(self.compiled_uniform)}
+
+    def explain(self) -> str:
+        """Two lines: the MILP's stages and one ratio's."""
+        def line(name, c, compiled):
+            mem = "/".join(f"{m / 2**20:.1f}" for m in (compiled or c.memory_bytes))
+            return (f"{name}: steps {'/'.join(map(str, c.stage_steps))}, checkpointed "
+                    f"{'/'.join(map(str, c.stage_remat))}, {mem} MiB per stage"
+                    f"{' (compiled)' if compiled else ''}, predicted {c.step_seconds * 1e3:.3g}"
+                    f" ms, bubble {c.bubble:.0%}{'' if c.fits else ', does not fit'}")
+        out = [line("one ratio", self.uniform, self.compiled_uniform)]
+        out.append("per stage (MILP): nothing fits" if self.milp is None
+                   else line("per stage (MILP)", self.milp, self.compiled_milp))
+        return "\n".join(out)
+
+
+def plan_pipeline(model: ModelConfig, task: TaskConfig, memory: MemoryConfig,
+                  layout: ParallelConfig, batch: int, stage_budget: float,
+                  flops_per_s: float, link_bytes_per_s: float,
+                  graphs: Optional[Graphs] = None, compile_choices: bool = True,
+                  costs: Optional[StageCosts] = None) -> PipelineChoice:
+    """The MILP's stage steps and per-stage remat for `layout` (its data, pipeline and
+    microbatches), against one ratio for all stages.
+
+    Args:
+      model, task, memory: the step (`memory`'s processor remat is replaced per stage).
+      layout: data x pipeline layout; `microbatches` of them per data slice.
+      batch: the global batch (a multiple of data x microbatches).
+      stage_budget: bytes each stage's program may take.
+      flops_per_s, link_bytes_per_s: the card's speeds.
+      graphs: the model's graphs.
+      compile_choices: compile both choices' stage programs (else only predicted).
+      costs: `StageCosts` already fitted for this micro-batch (else fitted here).
+    """
+    graphs = graphs if graphs is not None else graphs_for(model)
+    S, P, M = model.processor_steps, layout.pipeline, layout.microbatches
+    layout.check_batch(batch)
+    b = batch // (layout.data * M)
+    if costs is None:
+        costs = fit_stage_costs(model, task, memory, M, b, flops_per_s, link_bytes_per_s,
+                                graphs)
+    chosen = solve_milp(costs, S, P, M, stage_budget)
+    one = uniform(costs, S, P, M, stage_budget)
+
+    def compiled(choice):
+        if not compile_choices or choice is None:
+            return ()
+        lay = layout.replace(stage_steps=choice.stage_steps, stage_remat=choice.stage_remat)
+        return tuple(stage_program_memory(model, task, memory, lay, s, b, graphs)
+                     for s in range(P))
+
+    best = None if chosen is None else layout.replace(stage_steps=chosen.stage_steps,
+                                                      stage_remat=chosen.stage_remat)
+    return PipelineChoice(best, costs, float(stage_budget), chosen, one, compiled(chosen),
+                          compiled(one))

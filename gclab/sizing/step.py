@@ -77,10 +77,17 @@ class StepSpec:
                              f"of MemoryConfig.microbatches={self.memory.microbatches}.")
         if not isinstance(self.parallel, ParallelConfig):
             raise ValueError(f"StepSpec.parallel={self.parallel!r} is invalid: a ParallelConfig.")
-        if self.batch % (self.parallel.data * self.memory.microbatches):
+        multiple = self.parallel.data * self.memory.microbatches * self.parallel.microbatches
+        if self.batch % multiple:
             raise ValueError(f"StepSpec.batch={self.batch} is invalid: it must be a multiple of "
-                             f"ParallelConfig.data x MemoryConfig.microbatches = "
-                             f"{self.parallel.data * self.memory.microbatches}.")
+                             f"ParallelConfig.data x MemoryConfig.microbatches x "
+                             f"ParallelConfig.microbatches = {multiple}.")
+        if self.parallel.pipeline > 1:
+            try:
+                self.parallel.stage_bounds(self.model.processor_steps)
+            except ValueError as e:
+                raise ValueError(f"StepSpec.parallel={self.parallel.spec} is invalid: {e}") \
+                    from None
 
     def memory_label(self) -> str:
         """The recipe name if the techniques equal one, else a short description."""

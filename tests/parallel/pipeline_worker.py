@@ -3,7 +3,7 @@
 Run as `python pipeline_worker.py N LAYOUT@MEMORY[;LAYOUT@MEMORY...]` in a fresh process:
 it asks for N simulated CPU devices before JAX starts, and for each layout (e.g.
 `pipeline:2,microbatches:2,stage-steps:1/4,stage-remat:1/0`) and memory setting (`none`,
-`remat`, `blocks-remat`) computes the loss and gradients on one device and under the
+`remat`, `blocks-remat`, `lean`) computes the loss and gradients on one device and under the
 layout (batch 4, rollout 1), and prints one JSON line with the largest relative
 differences. Compiles skip LLVM optimisation (`plan_only_options`), which keeps them fast.
 """
@@ -23,7 +23,7 @@ import numpy as np  # noqa: E402
 from gclab import training  # noqa: E402
 from gclab.config import ModelConfig, TaskConfig  # noqa: E402
 from gclab.geometry.graphs import graphs_for  # noqa: E402
-from gclab.memory.config import MemoryConfig  # noqa: E402
+from gclab.memory.config import MemoryConfig, get_recipe  # noqa: E402
 from gclab.model.graphcast import graph_inputs, make_network  # noqa: E402
 from gclab.parallel import make_mesh, parse_parallel_spec, use_layout  # noqa: E402
 from gclab.sizing.step import plan_only_options  # noqa: E402
@@ -39,6 +39,9 @@ MEMORY = {
     "blocks-remat": MemoryConfig(processor_remat="nested", remat_group_size=2,
                                  edge_block_size=EDGE_BLOCK, processor_edge_blocks=True,
                                  checkpoint_encoder=True, checkpoint_decoder=True),
+    # Streamed grid nodes: the inputs, not grid latents, travel from the first stage to
+    # the last.
+    "lean": get_recipe("lean").replace(edge_block_size=EDGE_BLOCK),
 }
 
 

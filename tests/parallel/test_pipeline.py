@@ -30,6 +30,8 @@ CASES = [
     "spatial:2,pipeline:2,microbatches:2,stage-steps:4/1@none",
     # data x pipeline, edge blocks and whole-stage checkpoints, per-stage remat counts.
     "data:2,pipeline:2,microbatches:2,stage-remat:1/2@blocks-remat",
+    # data x pipeline under `lean` (streamed grid nodes, nested remat in every stage).
+    "data:2,pipeline:2,microbatches:2,stage-steps:2/3@lean",
 ]
 
 

@@ -135,3 +135,16 @@ def test_plan_over_devices_picks_the_fastest_layout_and_recipe_that_fits():
     assert (result["parallel"], result["recipe"]) == (best["parallel"], best["recipe"])
     assert result["per_device_bytes"] == best["per_device_bytes"]
     assert result["speeds_of"] == "H100"
+
+
+def test_pipeline_trains_like_one_device_and_reports_what_it_sends():
+    pipeline = ["--parallel", "pipeline:2,microbatches:2"]
+    single = gclab("train", *TINY, "--train-steps", "2", "--batch", "2", "--json")
+    piped = gclab("train", *TINY, "--train-steps", "2", "--batch", "2", *pipeline, "--json")
+    assert (piped["devices"], piped["parallel"]) == (2, "data:1,spatial:1,pipeline:2,"
+                                                        "microbatches:2")
+    np.testing.assert_allclose(piped["losses"], single["losses"], rtol=1e-5)
+    memory = gclab("memory", *TINY, "--batch", "2", *pipeline, "--json")
+    assert memory["devices"] == 2
+    # Stages hand micro-batches on with collective permutes, in both passes.
+    assert memory["collectives"]["collective-permute"] > 0
