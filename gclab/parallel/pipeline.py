@@ -32,6 +32,14 @@ equal one device's up to the order of float32 sums. Parameters enter every stage
 activations), and their gradients are summed over the stages by the transpose of
 `shard_map`'s replicated inputs.
 
+Memory: in this SPMD program every device runs the same code, so each compiles to the
+same buffers: for every tick it keeps what the backward pass needs of the stage it ran,
+in a layout common to all stages (JAX merges the residuals of a switch's branches only
+where their shapes and dtypes agree; stages of different step counts or remat keep theirs
+side by side), for all M + P - 1 ticks. `gclab.sizing.pipeline_plan` sizes each stage's
+own program instead, what a device that compiles only its stage would hold;
+`benchmarks/pipeline_memory.py` records both.
+
 Shapes: M micro-batches, P stages, T = M + P - 1 ticks; a stage's state and output are
 whatever its functions take and return.
 """

@@ -156,17 +156,21 @@ def solve_milp(costs: StageCosts, steps: int, stages: int, microbatches: int,
         lo.append(low)
         hi.append(high)
 
+    # Units of order one for the solver's tolerances: time in processor steps, memory in
+    # budgets.
+    unit_s = costs.step_seconds if costs.step_seconds > 0 else 1.0
+    unit_b = max(abs(budget), costs.stored, 1.0)
     row({s: 1 for s in range(P)}, S, S)  # the steps add up to S
     for s in range(P):
         kind = costs.kind(s, P)
         row({P + s: 1, s: -1}, -np.inf, 0)  # n_s <= k_s
-        row({s: costs.stored, P + s: costs.checkpointed - costs.stored}, -np.inf,
-            budget - costs.base[kind])  # the stage fits
-        fixed = costs.seconds(s, P, 0, 0)
-        row({s: 3 * costs.step_seconds, P + s: costs.step_seconds, 2 * P: -1}, -np.inf,
-            -fixed)  # its tick is at most t
+        row({s: costs.stored / unit_b, P + s: (costs.checkpointed - costs.stored) / unit_b},
+            -np.inf, (budget - costs.base[kind]) / unit_b)  # the stage fits
+        fixed = costs.seconds(s, P, 0, 0) / unit_s
+        row({s: 3 * costs.step_seconds / unit_s, P + s: costs.step_seconds / unit_s,
+             2 * P: -1}, -np.inf, -fixed)  # its tick is at most t
     # Ties: a checkpointed step costs a little, far less than any change of t.
-    tie = costs.step_seconds * 1e-6 / max(1, S)
+    tie = 1e-4 / max(1, S)
     c = np.array([0.0] * P + [tie] * P + [1.0])
     lower = np.array([1] * P + [0] * P + [0.0])
     upper = np.array([S] * P + [S] * P + [np.inf])
