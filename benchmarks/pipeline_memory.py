@@ -67,7 +67,10 @@ def markdown(record: dict) -> str:
              f"{hw['backend']} ({hw['cpu_count']} cores, {hw['simulated_devices']} simulated "
              f"devices), jax {hw['jax']}, {hw['date']}. Stage memory: each stage's own "
              "program (compiled); SPMD: the whole step compiled on the layout, per device. "
-             f"Predicted times use {record['speeds_of']}'s published speeds.", "",
+             f"Predicted times use {record['speeds_of']}'s published speeds. Budget per "
+             f"stage: {a['fraction']:g} x the largest stage of the even split without remat "
+             "(predicted); predicted / compiled max: the stage model's largest stage over the "
+             "compiled one.", "",
              "| P | choice | budget / stage | steps | checkpointed | memory per stage "
              "(compiled) | predicted / compiled max | recomputed GFLOP / step | bubble | "
              "predicted step | SPMD per device |",
