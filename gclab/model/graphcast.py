@@ -13,13 +13,16 @@ is a `lax.scan` over its steps and every memory technique of `gclab.memory.Memor
 (remat of steps or groups of steps, whole-stage checkpoints, edge blocks, gather after
 matmul, bfloat16) is a change of how the same function is evaluated, never of what it
 computes. The techniques themselves live in `gclab.memory`; this module applies them.
+Under a layout with a `pipeline` axis (`gclab.parallel.use_layout`) the same stages run as
+a GPipe pipeline (`pipelined_forward`): the processor's steps split into stages, the
+encoder with the first, the decoder with the last, each stage with its own remat.
 `gclab.model.official` converts the official flat parameter names to this tree and back.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple, Optional
+from typing import Callable, NamedTuple, Optional
 
 import haiku as hk
 import jax
@@ -52,6 +55,7 @@ from gclab.model.layers import (
     mlp_concat,
     node_side,
 )
+from gclab.parallel.config import ParallelConfig
 from gclab.parallel.pipeline import active_pipeline, gpipe
 from gclab.parallel.sharding import (
     full_rows,
@@ -493,7 +497,8 @@ def stage_memory(mem: MemoryConfig, steps: int, checkpointed: Optional[int]) -> 
     return stage
 
 
-def pipeline_stages(steps: int, mem: MemoryConfig, layout, run_encoder, run_decoder) -> list:
+def pipeline_stages(steps: int, mem: MemoryConfig, layout: ParallelConfig, run_encoder: Callable,
+                    run_decoder: Callable) -> list:
     """The stage functions `stage((P, graph), state, x) -> (state, out)` of a pipeline
     (`gclab.parallel.pipeline.gpipe`), for a processor of `steps` steps.
 
@@ -536,7 +541,8 @@ def pipeline_stages(steps: int, mem: MemoryConfig, layout, run_encoder, run_deco
 
 
 def pipelined_forward(P: dict, graph: GraphInputs, inputs: Array, mem: MemoryConfig,
-                      layout, run_encoder, run_decoder) -> Array:
+                      layout: ParallelConfig, run_encoder: Callable,
+                      run_decoder: Callable) -> Array:
     """The network as a GPipe pipeline over the `pipeline` axis (`layout.pipeline` stages).
 
     The batch is split into `layout.microbatches` micro-batches by taking every M-th
@@ -601,7 +607,8 @@ def make_network(model: ModelConfig, data_channels: int, output_channels: int,
 
 
 def make_stage_network(model: ModelConfig, data_channels: int, output_channels: int,
-                       memory: MemoryConfig, layout, stage: int) -> hk.Transformed:
+                       memory: MemoryConfig, layout: ParallelConfig,
+                       stage: int) -> hk.Transformed:
     """One pipeline stage of the network alone, as a Haiku transform (for sizing a stage).
 
     Args:

@@ -9,6 +9,10 @@ Where each argument of `train_step_fn` lives:
 | `GraphInputs`: mesh nodes | whole on every device |
 | `Example` fields (`[Ng, B, ...]`, `[T, Ng, B, ...]`) | grid nodes over `spatial`, batch over `data` |
 
+With a `pipeline` axis the network runs its stages on it (`gclab.parallel.pipeline`):
+every argument above is whole over `pipeline`, and each stage's device reads what its
+stage needs.
+
 The step is jitted with the state and metrics whole on every device, so the compiler
 reduces the gradients over `data` and `spatial` where the shardings call for it; inside,
 the network marks its node and edge arrays (`gclab.parallel.split_rows`, `full_rows`).
