@@ -34,6 +34,7 @@ from gclab.devices import FIT_MARGIN, card, fits
 from gclab.geometry.graphs import graphs_for
 from gclab.measure.compiled import format_bytes
 from gclab.memory.config import RECIPES, get_recipe
+from gclab.model.graphcast import PIPELINE_PRECISION
 from gclab.parallel.config import layouts, pipeline_layouts
 from gclab.sizing import analytical
 from gclab.sizing.pipeline_plan import plan_pipeline
@@ -180,6 +181,9 @@ def _pipeline_candidates(model, task, devices, batch, rollout, precision, recipe
             if batch % layout.data:
                 yield {**row, "skipped": f"batch {batch} is not a multiple of "
                        f"data:{layout.data}"}, None, None
+                continue
+            if precision != "f32":
+                yield {**row, "skipped": PIPELINE_PRECISION}, None, None
                 continue
             if model.processor_steps < 4:
                 yield {**row, "skipped": "the stage planner needs 4 processor steps or "
