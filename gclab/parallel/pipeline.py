@@ -1,12 +1,13 @@
 """Pipeline stages over the `pipeline` mesh axis: a GPipe schedule of micro-batches.
 
-Nothing here knows GraphCast: `gpipe` runs P stage functions, stage s on the s-th device
-of the `pipeline` axis, over M micro-batches, with `jax.shard_map` (manual over `pipeline`
-only, so `data` and `spatial` stay with the compiler's automatic partitioning and the
-network's sharding marks keep working inside a stage) and `jax.lax.ppermute` to hand each
-micro-batch's state from one stage to the next. The network (`gclab.model.graphcast`)
-builds the stages: the encoder and the first processor steps, then consecutive steps, the
-last steps and the decoder.
+JAX offers the pieces (`shard_map`, `ppermute`) but no pipeline schedule, so the schedule
+is written here (the pattern of JAX's `shard_map` tutorial). Nothing here knows GraphCast:
+`gpipe` runs P stage functions, stage s on the s-th device of the `pipeline` axis, over M
+micro-batches, with `jax.shard_map` (manual over `pipeline` only, so `data` and `spatial`
+stay with the compiler's automatic partitioning and the network's sharding marks keep
+working inside a stage) and `jax.lax.ppermute` to hand each micro-batch's state from one
+stage to the next. The network (`gclab.model.graphcast`) builds the stages: the encoder
+and the first processor steps, then consecutive steps, the last steps and the decoder.
 
 The schedule (GPipe, Huang et al. 2019) runs T = M + P - 1 ticks. At tick t, stage s works
 on micro-batch t - s when 0 <= t - s < M and is idle otherwise (in an SPMD program an
@@ -51,6 +52,7 @@ import contextvars
 from typing import Any, Callable, Iterator, Optional, Sequence
 
 import jax
+import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
 from gclab.parallel.config import PIPELINE_AXIS, ParallelConfig
@@ -122,12 +124,16 @@ def gpipe(stages: Sequence[Callable], params: Any, xs: Any, state: Any,
         params, xs, state = _varying((params, xs, state))
 
         def tick(state, t):
-            x = jax.tree_util.tree_map(lambda a: a[jax.numpy.minimum(t, M - 1)], xs)
+            # Stage 0 reads micro-batch t (after the last one it reruns micro-batch M - 1,
+            # and that result is never read).
+            x = jax.tree_util.tree_map(lambda a: a[jnp.minimum(t, M - 1)], xs)
+            # Each device runs its own stage's program (own steps, own remat), picked by
+            # its index on the `pipeline` axis.
             state, out = jax.lax.switch(s, branches, params, state, x)
             state = jax.lax.ppermute(state, PIPELINE_AXIS, forward)
             return state, out
 
-        _, outs = jax.lax.scan(tick, state, jax.numpy.arange(ticks))  # [T, ...] leaves
+        _, outs = jax.lax.scan(tick, state, jnp.arange(ticks))  # [T, ...] leaves
         # The last stage emits micro-batch t - (P - 1) at tick t.
         return jax.tree_util.tree_map(lambda a: a[None, P - 1:], outs)  # [1, M, ...]
 
