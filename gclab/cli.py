@@ -50,6 +50,7 @@ from gclab.memory.config import (
     get_recipe,
     parse_remat_spec,
 )
+from gclab.model.graphcast import PIPELINE_PRECISION
 from gclab.model.reference import load_fixture, run_checks
 from gclab.parallel import (
     PARALLEL_SPEC_HELP,
@@ -234,8 +235,12 @@ def _kept_as_typed(parse: Callable[[str], Any], allowed: str) -> Callable[[str],
 # A card's name also names its speeds (`gclab plan --devices`), so the text is kept.
 _budget = _kept_as_typed(parse_budget, BUDGET_HELP)
 # `_resolve_parallel` reads it, and quotes it as typed when it disagrees with --devices.
-_parallel = _kept_as_typed(parse_parallel_spec,
-                           PARALLEL_SPEC_HELP + "; pipeline must be 1 for now")
+def _parallel(text: str) -> str:
+    try:
+        parse_parallel_spec(text)
+    except ValueError as e:  # a well-formed spec with a bad value names its field
+        raise _bad(text, PARALLEL_SPEC_HELP if "malformed" in str(e) else str(e)) from None
+    return text
 
 
 def _host_port(text: str) -> str:
@@ -638,9 +643,20 @@ def start_devices(args) -> None:
         return
     layout = args.layout = _resolve_parallel(args)
     multiple = layout.data * _resolve_memory(args, args.recipe).microbatches
-    if args.batch % multiple:
-        raise UsageError(f"--batch {args.batch}: a multiple of {multiple} (the data axis "
-                         f"times micro-batches)")
+    if args.batch % (multiple * layout.microbatches):
+        raise UsageError(f"--batch {args.batch}: a multiple of {multiple * layout.microbatches}"
+                         f" (the data axis times micro-batches"
+                         + (f" times the pipeline's microbatches:{layout.microbatches})"
+                            if layout.pipeline > 1 else ")"))
+    if layout.pipeline > 1 and _resolve_memory(args, args.recipe).precision != "f32":
+        raise UsageError(f"--parallel {_shown(args.parallel)}: {PIPELINE_PRECISION}")
+    if layout.pipeline > 1:
+        ckpt = getattr(args, "init_checkpoint", None)
+        model = ckpt.model if ckpt is not None else _resolve_model(args)[0]
+        try:
+            layout.stage_bounds(model.processor_steps)
+        except ValueError as e:
+            raise UsageError(f"--parallel {_shown(args.parallel)}: {e}") from None
     processes = 1
     if hasattr(args, "num_processes"):
         processes = args.num_processes or _env_int("JAX_NUM_PROCESSES") or 1

@@ -81,6 +81,19 @@ def _partial_sums(messages: jax.Array, receivers: jax.Array, num_nodes: int, sha
         parts, receivers.reshape((shards, sub)))  # [D, N, B, L]
 
 
+def _zeros(shape: tuple, dtype, like: Any) -> jax.Array:
+    """Zeros that vary over the manual mesh axes any leaf of `like` varies over.
+
+    Inside `jax.shard_map` (a pipeline stage) a scan's carry must keep its type, and sums
+    of messages computed from per-device values vary from device to device.
+    """
+    axes: set = set()
+    for leaf in jax.tree_util.tree_leaves(like):
+        axes |= set(jax.typeof(leaf).mat.varying)
+    zeros = jnp.zeros(shape, dtype)
+    return jax.lax.pcast(zeros, tuple(sorted(axes)), to="varying") if axes else zeros
+
+
 def blocked_sum(message_fn: Callable, operands: Any, senders: jax.Array, receivers: jax.Array,
                 extra: tuple, valid: jax.Array, num_nodes: int, latent_shape: tuple,
                 shards: int = 1, mark_shards: Callable = lambda x: x) -> jax.Array:
@@ -115,7 +128,8 @@ def blocked_sum(message_fn: Callable, operands: Any, senders: jax.Array, receive
         partial = _partial_sums(messages, x[1], num_nodes, shards, True)
         return mark_shards(total + partial.astype(jnp.float32)), None
 
-    init = mark_shards(jnp.zeros((shards, num_nodes) + tuple(latent_shape), jnp.float32))
+    init = mark_shards(_zeros((shards, num_nodes) + tuple(latent_shape), jnp.float32,
+                              (operands, extra)))
     total, _ = jax.lax.scan(body, init, (senders, receivers, extra, valid))
     return jnp.sum(total, axis=0)  # [N, B, L]
 
@@ -152,6 +166,6 @@ def blocked_edge_update(message_fn: Callable, operands: Any, edges: jax.Array,
 
     batch, latent = edges.shape[2:]
     acc_dtype = jnp.float32 if float32_sum else edges.dtype
-    init = mark_shards(jnp.zeros((shards, num_nodes, batch, latent), acc_dtype))
+    init = mark_shards(_zeros((shards, num_nodes, batch, latent), acc_dtype, (operands, edges)))
     total, edges = jax.lax.scan(body, init, (edges, senders, receivers, valid))
     return edges, jnp.sum(total, axis=0).astype(edges.dtype)  # [nb, bs, B, L], [N, B, L]

@@ -13,13 +13,16 @@ is a `lax.scan` over its steps and every memory technique of `gclab.memory.Memor
 (remat of steps or groups of steps, whole-stage checkpoints, edge blocks, gather after
 matmul, bfloat16) is a change of how the same function is evaluated, never of what it
 computes. The techniques themselves live in `gclab.memory`; this module applies them.
+Under a layout with a `pipeline` axis (`gclab.parallel.use_layout`) the same stages run as
+a GPipe pipeline (`pipelined_forward`): the processor's steps split into stages, the
+encoder with the first, the decoder with the last, each stage with its own remat.
 `gclab.model.official` converts the official flat parameter names to this tree and back.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple, Optional
+from typing import Callable, NamedTuple, Optional
 
 import haiku as hk
 import jax
@@ -52,6 +55,8 @@ from gclab.model.layers import (
     mlp_concat,
     node_side,
 )
+from gclab.parallel.config import ParallelConfig
+from gclab.parallel.pipeline import active_pipeline, gpipe
 from gclab.parallel.sharding import (
     full_rows,
     mesh_rows,
@@ -268,18 +273,47 @@ def _block_messages(gam: bool, operands, edges, senders, receivers) -> Array:
                                     (gam, gam)))  # [bs, B, L]
 
 
-def processor(P: dict, graph: GraphInputs, mesh: Array, mem: MemoryConfig) -> Array:
-    """Mesh GNN: embeds multimesh edges, then S unshared interaction steps (a scan)."""
-    nm, batch, _ = mesh.shape
+def processor_edges(P: dict, graph: GraphInputs, batch: int, dtype, mem: MemoryConfig) -> Array:
+    """Embedded multimesh edges, the processor's edge latents before its first step.
+
+    Returns `[E, B, L]`, or `[nb, bs, B, L]` blocks with `processor_edge_blocks`.
+    """
+    if not mem.processor_edge_blocks:
+        return split_rows(embed_edges(P["encoder_edges_mesh"], graph.mesh_edges, batch,
+                                      dtype))  # [E, B, L]
+    shards = spatial_shards()
+    bs = shard_block(balanced_block(graph.mesh_senders.shape[0], mem.edge_block_size), shards)
+    # Embedded block by block, so that the embedding's backward is blockwise too.
+    embed = jax.checkpoint(
+        lambda f: embed_edges(P["encoder_edges_mesh"], f, batch, dtype))  # [bs, B, L]
+    _, edges = jax.lax.scan(lambda c, f: (c, embed(f)), None,
+                            split_blocks(graph.mesh_edges, bs, shards=shards))
+    return split_rows(edges, axis=1, batch_axis=2)  # [nb, bs, B, L]
+
+
+def processor_steps(P: dict, graph: GraphInputs, mesh: Array, edges: Array, mem: MemoryConfig,
+                    first: int = 0, end: Optional[int] = None) -> tuple:
+    """Processor steps `first` to `end - 1` (default all S) from mesh-node and edge latents.
+
+    Args:
+      P: the processor's parameters (steps stacked on a leading axis).
+      graph: the graphs.
+      mesh: [Nm, B, L] mesh-node latents.
+      edges: edge latents from `processor_edges` (or from the steps before `first`).
+      mem: memory techniques (its processor remat applies to these steps).
+      first, end: the steps to run.
+
+    Returns:
+      `(mesh, edges)` after step `end - 1`.
+    """
+    nm = mesh.shape[0]
     dtype = mesh.dtype
     senders, receivers = graph.mesh_senders, graph.mesh_receivers
     stacked = {"edges": P["processor_edges_mesh"], "nodes": P["processor_nodes_mesh_nodes"]}
+    stacked = jax.tree_util.tree_map(lambda a: a[first:end], stacked)
     f32_sum = mem.float32_aggregation
     blocked = mem.processor_edge_blocks
-    if not blocked:
-        edges = split_rows(embed_edges(P["encoder_edges_mesh"], graph.mesh_edges, batch,
-                                       dtype))  # [E, B, L]
-    else:
+    if blocked:
         shards = spatial_shards()
         bs = shard_block(balanced_block(senders.shape[0], mem.edge_block_size), shards)
         valid = split_blocks(jnp.ones(senders.shape, dtype), bs, shards=shards)  # [nb, bs]
@@ -287,12 +321,6 @@ def processor(P: dict, graph: GraphInputs, mesh: Array, mem: MemoryConfig) -> Ar
         receivers = split_blocks(receivers, bs, shards=shards)  # [nb, bs]
         valid, senders, receivers = (split_rows(a, axis=1, batch_axis=None)
                                      for a in (valid, senders, receivers))
-        # Embedded block by block, so that the embedding's backward is blockwise too.
-        embed = jax.checkpoint(
-            lambda f: embed_edges(P["encoder_edges_mesh"], f, batch, dtype))  # [bs, B, L]
-        _, edges = jax.lax.scan(lambda c, f: (c, embed(f)), None,
-                                split_blocks(graph.mesh_edges, bs, shards=shards))
-        edges = split_rows(edges, axis=1, batch_axis=2)  # [nb, bs, B, L]
 
     def step(carry, p):
         mesh, edges = carry
@@ -315,8 +343,14 @@ def processor(P: dict, graph: GraphInputs, mesh: Array, mem: MemoryConfig) -> Ar
         mesh = checkpoint_name(mesh, NODE_LATENTS)
         return (mesh, edges), None
 
-    (mesh, _), _ = scan_steps(step, (mesh, edges), stacked, mem)
-    return mesh
+    (mesh, edges), _ = scan_steps(step, (mesh, edges), stacked, mem)
+    return mesh, edges
+
+
+def processor(P: dict, graph: GraphInputs, mesh: Array, mem: MemoryConfig) -> Array:
+    """Mesh GNN: embeds multimesh edges, then S unshared interaction steps (a scan)."""
+    edges = processor_edges(P, graph, mesh.shape[1], mesh.dtype, mem)
+    return processor_steps(P, graph, mesh, edges, mem)[0]
 
 
 def decoder(P: dict, graph: GraphInputs, grid: Optional[Array], mesh: Array,
@@ -403,14 +437,9 @@ def _blocked_decoder(P, graph, grid, mesh, mem, P_enc, inputs) -> Array:
     return merge_blocks(out, ng, shards)  # [Ng, B, O]
 
 
-def graphcast_forward(P: dict, graph: GraphInputs, inputs: Array, mem: MemoryConfig) -> Array:
-    """The whole network on grouped parameters `P` (see `_all_params`). [Ng,B,C] -> [Ng,B,O]."""
-    dtype = compute_dtype(mem.precision)
-    P = cast_tree(P, dtype)  # parameters stay float32; gradients come back float32
-    # Streamed grid nodes gather their inputs block by block and cast each block: a
-    # bfloat16 copy of all inputs would be sliced through float32 copies on XLA:CPU (see
-    # `residuals_as_bits`), a copy twice its size.
-    inputs = split_rows(inputs if mem.stream_grid_nodes else inputs.astype(dtype))  # [Ng,B,C]
+def stage_runners(mem: MemoryConfig) -> tuple:
+    """`(run_encoder, run_decoder)`: the encoder and decoder under `mem`'s whole-stage
+    checkpoints (`checkpoint_encoder`, `checkpoint_decoder`), in named scopes."""
 
     def run_encoder(P_enc, graph, inputs):
         with jax.named_scope("encoder"):
@@ -424,6 +453,22 @@ def graphcast_forward(P: dict, graph: GraphInputs, inputs: Array, mem: MemoryCon
         run_encoder = stage_checkpoint(run_encoder)
     if mem.checkpoint_decoder:
         run_decoder = stage_checkpoint(run_decoder)
+    return run_encoder, run_decoder
+
+
+def graphcast_forward(P: dict, graph: GraphInputs, inputs: Array, mem: MemoryConfig) -> Array:
+    """The whole network on grouped parameters `P` (see `_all_params`). [Ng,B,C] -> [Ng,B,O]."""
+    dtype = compute_dtype(mem.precision)
+    P = cast_tree(P, dtype)  # parameters stay float32; gradients come back float32
+    # Streamed grid nodes gather their inputs block by block and cast each block: a
+    # bfloat16 copy of all inputs would be sliced through float32 copies on XLA:CPU (see
+    # `residuals_as_bits`), a copy twice its size.
+    inputs = split_rows(inputs if mem.stream_grid_nodes else inputs.astype(dtype))  # [Ng,B,C]
+    run_encoder, run_decoder = stage_runners(mem)
+    layout = active_pipeline()
+    if layout is not None:
+        return pipelined_forward(P, graph, inputs, mem, layout, run_encoder,
+                                 run_decoder).astype(jnp.float32)
     grid, mesh = run_encoder(P["encoder"], graph, inputs)
     with jax.named_scope("processor"):
         mesh = processor(P["processor"], graph, mesh, mem)
@@ -432,6 +477,106 @@ def graphcast_forward(P: dict, graph: GraphInputs, inputs: Array, mem: MemoryCon
     else:
         out = run_decoder(P["decoder"], graph, grid, mesh, None, None)
     return out.astype(jnp.float32)
+
+
+def stage_memory(mem: MemoryConfig, steps: int, checkpointed: Optional[int]) -> MemoryConfig:
+    """The memory techniques of a pipeline stage of `steps` processor steps.
+
+    Args:
+      mem: the step's memory techniques.
+      steps: the stage's processor steps.
+      checkpointed: how many of them (the first ones) run under their own checkpoint;
+        None keeps `mem`'s processor remat.
+    """
+    if checkpointed is None:
+        return mem
+    if checkpointed == 0:
+        return mem.replace(processor_remat="none")
+    stage = mem.replace(processor_remat="ratio", remat_ratio=checkpointed / steps)
+    assert stage.checkpointed_steps(steps) == checkpointed
+    return stage
+
+
+def pipeline_stages(steps: int, mem: MemoryConfig, layout: ParallelConfig, run_encoder: Callable,
+                    run_decoder: Callable) -> list:
+    """The stage functions `stage((P, graph), state, x) -> (state, out)` of a pipeline
+    (`gclab.parallel.pipeline.gpipe`), for a processor of `steps` steps.
+
+    Stage s runs the processor steps `layout.stage_bounds(S)[s]` with its own remat
+    (`stage_memory`); the first stage embeds the micro-batch first (encoder and multimesh
+    edges), the last decodes after its steps. The state passed between stages is
+    `(skip, mesh, edges)`: what the decoder needs from the encoder (grid latents
+    `[Ng, b, L]`, or with streamed grid nodes the inputs `[Ng, b, C]`), mesh-node
+    latents `[Nm, b, L]` and edge latents.
+    """
+    bounds = layout.stage_bounds(steps)
+    last = len(bounds) - 1
+
+    def make(s: int, first: int, end: int):
+        checkpointed = None if layout.stage_remat is None else layout.stage_remat[s]
+        smem = stage_memory(mem, end - first, checkpointed)
+
+        def stage(operands, state, x):  # x: [Ng, b, C], state: (skip, mesh, edges)
+            # The graph comes in as an argument: inside `shard_map` every array must.
+            P, graph = operands
+            if s == 0:
+                grid, mesh = run_encoder(P["encoder"], graph, x)
+                skip = x if mem.stream_grid_nodes else grid
+                edges = processor_edges(P["processor"], graph, mesh.shape[1], mesh.dtype, mem)
+            else:
+                skip, mesh, edges = state
+            with jax.named_scope(f"pipeline_stage_{s}"):
+                mesh, edges = processor_steps(P["processor"], graph, mesh, edges, smem,
+                                              first, end)
+            state = (skip, mesh, edges)
+            if s != last:
+                return state, None
+            if mem.stream_grid_nodes:
+                return state, run_decoder(P["decoder"], graph, None, mesh, P["encoder"], skip)
+            return state, run_decoder(P["decoder"], graph, skip, mesh, None, None)
+
+        return stage
+
+    return [make(s, first, end) for s, (first, end) in enumerate(bounds)]
+
+
+# bfloat16 stages do not compile yet: XLA:CPU rejects the program (jax 0.10.2).
+PIPELINE_PRECISION = ("pipeline stages run in float32 only (precision f32); bfloat16 stages "
+                      "do not compile yet")
+
+
+def pipelined_forward(P: dict, graph: GraphInputs, inputs: Array, mem: MemoryConfig,
+                      layout: ParallelConfig, run_encoder: Callable,
+                      run_decoder: Callable) -> Array:
+    """The network as a GPipe pipeline over the `pipeline` axis (`layout.pipeline` stages).
+
+    The batch is split into `layout.microbatches` micro-batches by taking every M-th
+    sample (sample j M + m is in micro-batch m), so that with the batch split over `data`
+    every micro-batch stays spread over the data slices. [Ng, B, C] -> [Ng, B, O].
+    """
+    if mem.precision != "f32":
+        raise ValueError(PIPELINE_PRECISION)
+    ng, batch, channels = inputs.shape
+    M = layout.microbatches
+    if batch % M:
+        raise ValueError(f"batch {batch} is not divisible by the pipeline's microbatches:{M}")
+    b = batch // M
+    xs = jnp.moveaxis(inputs.reshape(ng, b, M, channels), 2, 0)  # [M, Ng, b, C]
+    steps = P["processor"]["processor_edges_mesh"]["layers"][0][0].shape[0]
+    stages = pipeline_stages(steps, mem, layout, run_encoder, run_decoder)
+    operands = (P, graph)
+    state_shape, _ = jax.eval_shape(stages[0], operands, None, xs[0])
+    _, out_shape = jax.eval_shape(stages[-1], operands, state_shape, xs[0])  # [Ng, b, O]
+
+    def with_output(stage):  # every stage returns the last stage's output type
+        def run(operands, state, x):
+            state, out = stage(operands, state, x)
+            return state, jnp.zeros(out_shape.shape, out_shape.dtype) if out is None else out
+        return run
+
+    zeros = jax.tree_util.tree_map(lambda a: jnp.zeros(a.shape, a.dtype), state_shape)
+    outs = gpipe([with_output(f) for f in stages], operands, xs, zeros, M)  # [M, Ng, b, O]
+    return jnp.moveaxis(outs, 0, 2).reshape(ng, batch, -1)  # [Ng, B, O]
 
 
 def make_network(model: ModelConfig, data_channels: int, output_channels: int,
@@ -464,6 +609,36 @@ def make_network(model: ModelConfig, data_channels: int, output_channels: int,
                              f"{graph.grid_nodes.shape[0]}")
         P = _all_params(model, data_channels, output_channels)
         return graphcast_forward(P, graph, inputs, mem)
+
+    return hk.without_apply_rng(hk.transform(forward))
+
+
+def make_stage_network(model: ModelConfig, data_channels: int, output_channels: int,
+                       memory: MemoryConfig, layout: ParallelConfig,
+                       stage: int) -> hk.Transformed:
+    """One pipeline stage of the network alone, as a Haiku transform (for sizing a stage).
+
+    Args:
+      model, data_channels, output_channels, memory: as in `make_network`.
+      layout: a `gclab.parallel.ParallelConfig` with `pipeline` > 1 (its stage steps and
+        per-stage remat).
+      stage: which stage.
+
+    Returns:
+      `net` with `net.apply(params, graph, state, inputs) -> (state, out)` on the whole
+      network's parameters (`make_network`'s): the first stage reads `inputs` [Ng, b, C],
+      the others `state`, as `pipeline_stages` describes; `out` [Ng, b, O] is None except
+      on the last stage.
+    """
+    mem = memory
+
+    def forward(graph: GraphInputs, state, inputs: Array):
+        P = cast_tree(_all_params(model, data_channels, output_channels),
+                      compute_dtype(mem.precision))
+        if inputs is not None and not mem.stream_grid_nodes:
+            inputs = inputs.astype(compute_dtype(mem.precision))
+        stages = pipeline_stages(model.processor_steps, mem, layout, *stage_runners(mem))
+        return stages[stage]((P, graph), state, inputs)
 
     return hk.without_apply_rng(hk.transform(forward))
 

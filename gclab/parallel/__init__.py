@@ -3,6 +3,7 @@
 | module | what it is for |
 |---|---|
 | `config` | `ParallelConfig` (sizes of the `data`, `spatial`, `pipeline` mesh axes) and its spec |
+| `pipeline` | GPipe stages on the `pipeline` axis (`gpipe`: `shard_map`, `ppermute`) |
 | `sharding` | the device mesh; where node and edge arrays live (`split_rows`, `full_rows`) |
 | `processes` | simulated CPU devices; joining a multi-process run (`jax.distributed`) |
 """
@@ -17,7 +18,9 @@ from gclab.parallel.config import (
     ParallelConfig,
     layouts,
     parse_parallel_spec,
+    pipeline_layouts,
 )
+from gclab.parallel.pipeline import active_pipeline, bubble_fraction, gpipe, use_pipeline
 from gclab.parallel.processes import initialize_processes, use_cpu_devices
 from gclab.parallel.sharding import (
     active_axes,
@@ -35,7 +38,8 @@ from gclab.parallel.sharding import (
 
 __all__ = [
     "DATA_AXIS", "MESH_AXES", "MESH_NODES", "PARALLEL_SPEC_HELP", "PIPELINE_AXIS", "SPATIAL_AXIS",
-    "ParallelConfig", "active_axes", "full_rows", "global_array", "initialize_processes",
+    "ParallelConfig", "active_axes", "active_pipeline", "bubble_fraction", "gpipe",
+    "pipeline_layouts", "use_pipeline", "full_rows", "global_array", "initialize_processes",
     "layouts", "make_mesh", "mesh_rows", "parse_parallel_spec", "replicated", "rows_sharding",
     "spatial_shards", "split_rows", "split_shards", "use_cpu_devices", "use_layout",
 ]

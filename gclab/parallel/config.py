@@ -7,7 +7,7 @@ devices. Each axis splits something different:
 |---|---|---|---|
 | `data` | the batch | a slice of the samples; all parameters and optimizer state | an all-reduce of the gradients |
 | `spatial` | grid nodes and every edge set (grid2mesh, multimesh, mesh2grid) into contiguous blocks | 1/D of every `[Ng, B, L]` and `[E, B, L]` array; the mesh nodes whole | sums into mesh nodes all-reduced, node tables gathered before the edge gathers |
-| `pipeline` | reserved for stages of the network (must be 1 for now) | | |
+| `pipeline` | the processor's steps into stages of consecutive steps (encoder with the first, decoder with the last); the batch into micro-batches that flow through the stages (GPipe, `gclab.parallel.pipeline`) | one stage's activations for the micro-batches in flight; all parameters | one send of a micro-batch's latents (grid, mesh nodes, mesh edges) per stage and tick |
 
 With `spatial` > 1, mesh nodes are split too by default (`mesh_nodes="split"`): each
 device keeps 1/D of every mesh-node latent, sums into mesh nodes become a reduce-scatter
@@ -23,6 +23,9 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from typing import Optional
+
+import numpy as np
 
 from gclab.config import invalid, is_int
 
@@ -36,7 +39,10 @@ MESH_NODES = ("split", "replicated")
 PARALLEL_SPEC_HELP = ("comma-separated AXIS:SIZE with AXIS one of data, spatial, pipeline and "
                       "SIZE an integer >= 1 (e.g. data:2,spatial:4); axes left out have size 1; "
                       "mesh-nodes:replicated keeps mesh nodes whole on every device (default "
-                      "split)")
+                      "split); with pipeline, microbatches:M (default 1), stage-steps:A/B/.. "
+                      "(processor steps per stage, default as even as possible) and "
+                      "stage-remat:A/B/.. (checkpointed steps per stage, default the memory "
+                      "recipe's remat in every stage)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,7 +55,17 @@ class ParallelConfig:
       spatial: devices the grid nodes and edges are split over. Lowers per-device
         activation memory towards 1/spatial; costs collectives inside every GNN step
         (sums into mesh nodes, gathers of node tables).
-      pipeline: stages of the network (reserved; must be 1).
+      pipeline: stages of the processor (consecutive steps each; the encoder runs in
+        the first, the decoder in the last). Each device holds one stage's activations;
+        costs a bubble of (P - 1) / (M + P - 1) idle ticks per step (see
+        `gclab.parallel.pipeline`).
+      microbatches: with `pipeline` > 1, M, the micro-batches the batch (each data slice
+        of it) is split into for the pipeline; more of them shrink the bubble.
+      stage_steps: with `pipeline` > 1, the processor steps of each stage (they must add
+        up to the processor's steps); None: as even as possible, earlier stages one more.
+      stage_remat: with `pipeline` > 1, the checkpointed steps of each stage (the first
+        n of its steps, each under its own checkpoint, the rest stored); None: the
+        `MemoryConfig`'s processor remat applied to every stage's steps.
       mesh_nodes: with `spatial` > 1, `"split"` (mesh-node arrays split over `spatial`:
         1/D of their memory per device, a reduce-scatter and an all-gather per GNN step) or
         `"replicated"` (whole on every device: an all-reduce per step, no gather traffic,
@@ -60,16 +76,69 @@ class ParallelConfig:
     spatial: int = 1
     pipeline: int = 1
     mesh_nodes: str = "split"
+    microbatches: int = 1
+    stage_steps: Optional[tuple] = None
+    stage_remat: Optional[tuple] = None
 
     def __post_init__(self) -> None:
-        for field in ("data", "spatial", "pipeline"):
+        for field in ("data", "spatial", "pipeline", "microbatches"):
             v = getattr(self, field)
             if not is_int(v) or v < 1:
                 invalid(self, field, "an integer >= 1")
-        if self.pipeline != 1:
-            invalid(self, "pipeline", "1 (pipeline stages are not implemented yet)")
         if self.mesh_nodes not in MESH_NODES:
             invalid(self, "mesh_nodes", "one of " + ", ".join(MESH_NODES))
+        for field, least in (("stage_steps", 1), ("stage_remat", 0)):
+            v = getattr(self, field)
+            if v is None:
+                continue
+            if (not isinstance(v, (tuple, list)) or len(v) != self.pipeline
+                    or not all(is_int(n) and n >= least for n in v)):
+                invalid(self, field, f"None or {self.pipeline} integers >= {least}, one per "
+                        "pipeline stage")
+            object.__setattr__(self, field, tuple(int(n) for n in v))
+        if self.pipeline == 1 and (self.microbatches != 1 or self.stage_steps is not None
+                                   or self.stage_remat is not None):
+            invalid(self, "pipeline", "> 1 when microbatches, stage_steps or stage_remat is set")
+        if self.stage_steps is not None and self.stage_remat is not None:
+            for i, (k, n) in enumerate(zip(self.stage_steps, self.stage_remat)):
+                if n > k:
+                    invalid(self, "stage_remat", f"at most each stage's steps (stage {i} has "
+                            f"{k}, not {n})")
+
+    def stage_bounds(self, steps: int) -> tuple:
+        """`(first, end)` processor steps of each pipeline stage, for `steps` steps.
+
+        Raises:
+          ValueError: more stages than steps, stage steps that do not add up to `steps`,
+            or more checkpointed steps than a stage has (one line naming the field).
+        """
+        p = self.pipeline
+        if p > steps:
+            raise ValueError(f"pipeline:{p} is invalid for a processor of {steps} steps: at "
+                             f"most {steps} stages (one step or more each)")
+        sizes = self.stage_steps
+        if sizes is None:
+            sizes = tuple(steps // p + (i < steps % p) for i in range(p))
+        elif sum(sizes) != steps:
+            raise ValueError(f"stage-steps:{'/'.join(map(str, sizes))} is invalid: the stages' "
+                             f"steps must add up to the processor's {steps}")
+        if self.stage_remat is not None:
+            for i, (k, n) in enumerate(zip(sizes, self.stage_remat)):
+                if n > k:
+                    raise ValueError(f"stage-remat:{'/'.join(map(str, self.stage_remat))} is "
+                                     f"invalid: stage {i} has {k} steps, fewer than {n}")
+        ends = np.cumsum(sizes)
+        return tuple((int(e - k), int(e)) for e, k in zip(ends, sizes))
+
+    def check_batch(self, batch: int, accumulation: int = 1) -> None:
+        """Raises ValueError unless `batch` splits over `data`, then into `accumulation`
+        gradient-accumulation micro-batches, then into the pipeline's `microbatches`."""
+        multiple = self.data * accumulation * self.microbatches
+        if not is_int(batch) or batch < 1 or batch % multiple:
+            raise ValueError(
+                f"batch {batch} is invalid for data:{self.data}, microbatches="
+                f"{accumulation} (accumulation) and pipeline microbatches:{self.microbatches}:"
+                f" a multiple of {multiple}")
 
     @property
     def devices(self) -> int:
@@ -84,16 +153,25 @@ class ParallelConfig:
     @property
     def spec(self) -> str:
         """This layout as a spec string (`parse_parallel_spec` reads it back)."""
-        return ",".join(f"{name}:{getattr(self, name)}" for name in ("data", "spatial")
-                        ) + ("" if self.pipeline == 1 else f",pipeline:{self.pipeline}") + (
-                            "" if self.mesh_nodes == "split" else f",mesh-nodes:{self.mesh_nodes}")
+        out = ",".join(f"{name}:{getattr(self, name)}" for name in ("data", "spatial"))
+        if self.pipeline != 1:
+            out += f",pipeline:{self.pipeline}"
+        if self.microbatches != 1:
+            out += f",microbatches:{self.microbatches}"
+        for name, v in (("stage-steps", self.stage_steps), ("stage-remat", self.stage_remat)):
+            if v is not None:
+                out += f",{name}:" + "/".join(map(str, v))
+        if self.mesh_nodes != "split":
+            out += f",mesh-nodes:{self.mesh_nodes}"
+        return out
 
     def replace(self, **changes) -> "ParallelConfig":
         return dataclasses.replace(self, **changes)
 
 
-_ITEM = re.compile(r"^\s*(data|spatial|pipeline)\s*:\s*(\d+)\s*$")
+_ITEM = re.compile(r"^\s*(data|spatial|pipeline|microbatches)\s*:\s*(\d+)\s*$")
 _MESH_ITEM = re.compile(r"^\s*mesh-nodes\s*:\s*(\w+)\s*$")
+_STAGES_ITEM = re.compile(r"^\s*(stage-steps|stage-remat)\s*:\s*(\d+(?:\s*/\s*\d+)*)\s*$")
 
 
 def parse_parallel_spec(spec: str) -> ParallelConfig:
@@ -111,6 +189,11 @@ def parse_parallel_spec(spec: str) -> ParallelConfig:
         if mesh is not None and "mesh_nodes" not in sizes:
             sizes["mesh_nodes"] = mesh.group(1)
             continue
+        stages = _STAGES_ITEM.match(item) if item is not None and m is None else None
+        field = stages.group(1).replace("-", "_") if stages is not None else None
+        if stages is not None and field not in sizes:
+            sizes[field] = tuple(int(n) for n in stages.group(2).split("/"))
+            continue
         if m is None or m.group(1) in sizes:
             raise ValueError(f"malformed parallel spec {spec!r}; accepted: {PARALLEL_SPEC_HELP}")
         sizes[m.group(1)] = int(m.group(2))
@@ -123,3 +206,15 @@ def layouts(devices: int) -> list[ParallelConfig]:
         raise ValueError(f"devices={devices!r} is invalid: an integer >= 1.")
     return [ParallelConfig(data=d, spatial=devices // d)
             for d in range(devices, 0, -1) if devices % d == 0]
+
+
+def pipeline_layouts(devices: int, steps: int) -> list[ParallelConfig]:
+    """Every data x pipeline layout of `devices` devices with 2 to `steps` stages.
+
+    Stage steps and remat are left to the pipeline planner
+    (`gclab.sizing.pipeline_plan`); data-heaviest first.
+    """
+    if not is_int(devices) or devices < 1:
+        raise ValueError(f"devices={devices!r} is invalid: an integer >= 1.")
+    return [ParallelConfig(data=devices // p, pipeline=p)
+            for p in range(2, min(devices, steps) + 1) if devices % p == 0]

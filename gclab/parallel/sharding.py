@@ -28,13 +28,14 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from typing import Iterator, Optional, Sequence
+from typing import Iterator, Optional, Sequence, Union
 
 import jax
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
 from gclab.parallel.config import DATA_AXIS, MESH_AXES, SPATIAL_AXIS, ParallelConfig
+from gclab.parallel.pipeline import use_pipeline
 
 # How mesh-node arrays are laid out while a layout is in use (`use_layout`).
 _MESH_NODES = contextvars.ContextVar("gclab_mesh_nodes", default="replicated")
@@ -59,19 +60,22 @@ def make_mesh(parallel: ParallelConfig, devices: Optional[Sequence] = None) -> M
 
 
 @contextlib.contextmanager
-def use_layout(mesh: Mesh, mesh_nodes: str = "split") -> Iterator[Mesh]:
-    """Sets `mesh` (`jax.set_mesh`) and the mesh-node rule while a step is traced.
+def use_layout(mesh: Mesh, layout: Union[str, ParallelConfig] = "split") -> Iterator[Mesh]:
+    """Sets `mesh` (`jax.set_mesh`), the mesh-node rule and the pipeline while a step is traced.
 
-    Everything the network marks (`split_rows`, `full_rows`, `mesh_rows`) reads these, so a
-    step must be traced inside this context; running a compiled step needs only the mesh.
+    Everything the network marks (`split_rows`, `full_rows`, `mesh_rows`) and its pipeline
+    (`gclab.parallel.pipeline.active_pipeline`) read these, so a step must be traced inside
+    this context; running a compiled step needs only the mesh.
 
     Args:
       mesh: from `make_mesh`.
-      mesh_nodes: `ParallelConfig.mesh_nodes` of the layout.
+      layout: the layout (`ParallelConfig`: its mesh-node rule and pipeline stages), or
+        only its `ParallelConfig.mesh_nodes` (no pipeline).
     """
+    mesh_nodes = layout if isinstance(layout, str) else layout.mesh_nodes
     token = _MESH_NODES.set(mesh_nodes)
     try:
-        with jax.set_mesh(mesh):
+        with jax.set_mesh(mesh), use_pipeline(None if isinstance(layout, str) else layout):
             yield mesh
     finally:
         _MESH_NODES.reset(token)

@@ -7,6 +7,8 @@
 | `sweep` | a grid of configurations x techniques, compiled or measured, cached |
 | `speed` | predicted step time: FLOPs and bytes in seconds (calibrated, or a data sheet) |
 | `planner` | the technique settings that fit a memory budget in the least predicted time |
+| `layout_plan` | the layout (data x spatial, data x pipeline) and recipe of least predicted time |
+| `pipeline_plan` | each pipeline stage's steps and remat by MILP, against one ratio for all |
 """
 
 from gclab.sizing.analytical import GraphCounts, MemoryEstimate, estimate, param_count

@@ -2,9 +2,12 @@
 
 `plan_layout(budget, model, task, devices)` compiles one training step (shapes only) for
 every data x spatial layout of `devices` devices (`gclab.parallel.layouts`) and every
-named recipe, keeps those whose per-device compiled total fits the usable budget
-(`gclab.devices.fits`: a card stands for JAX's pool on it, as everywhere in gclab), and
-picks the one with the least predicted step time:
+named recipe, and for every data x pipeline layout (`gclab.parallel.pipeline_layouts`,
+one sample per micro-batch) each recipe's techniques with the stage split and per-stage
+remat that `gclab.sizing.pipeline_plan`'s MILP chooses, keeps those whose per-device
+compiled total fits the usable budget (`gclab.devices.fits`: a card stands for JAX's pool
+on it, as everywhere in gclab), and picks the one with the least predicted step time
+(a pipeline's own is `gclab.sizing.pipeline_plan`'s; the others'):
 
     time = (F / flops_per_s + M / memory_bytes_per_s) / D  +  C / link_bytes_per_s
 
@@ -32,8 +35,10 @@ from gclab.devices import FIT_MARGIN, fits
 from gclab.geometry.graphs import graphs_for
 from gclab.measure.compiled import format_bytes
 from gclab.memory.config import RECIPES, get_recipe
-from gclab.parallel.config import layouts
+from gclab.model.graphcast import PIPELINE_PRECISION
+from gclab.parallel.config import layouts, pipeline_layouts
 from gclab.sizing import analytical
+from gclab.sizing.pipeline_plan import plan_pipeline
 from gclab.sizing.planner import NothingFits, parse_budget
 from gclab.sizing.speed import CARD_SPEEDS, REFERENCE_CARD, CardSpeed, card_name
 from gclab.sizing.step import StepSpec, compile_train_step
@@ -88,6 +93,14 @@ class LayoutPlan:
                          f"{format_bytes(c['per_device_bytes']):>11} per device, "
                          f"{format_bytes(c['collective_bytes']):>11} collectives, "
                          f"{c['predicted_seconds'] * 1e3:9.3g} ms  {mark}")
+            if "stages" in c:
+                for name, st in (("per stage (MILP)", c["stages"]), ("one ratio", c["uniform"])):
+                    mem = "/".join(format_bytes(m) for m in st["memory_bytes"])
+                    lines.append(f"      {name}: steps {'/'.join(map(str, st['stage_steps']))}"
+                                 f", checkpointed {'/'.join(map(str, st['stage_remat']))}, "
+                                 f"{mem} predicted per stage, "
+                                 f"{st['step_seconds'] * 1e3:.3g} ms, bubble "
+                                 f"{st['bubble']:.0%}{'' if st['fits'] else ', does not fit'}")
         return "\n".join(lines)
 
 
@@ -103,6 +116,67 @@ def predicted_seconds(spec: StepSpec, collective_bytes: int, speed: CardSpeed,
                                         spec.batch, spec.rollout)
     compute = (flops / flops_per_s + moved / speed.memory_bytes_per_s) / spec.parallel.devices
     return compute + collective_bytes / speed.link_bytes_per_s
+
+
+def _pipeline_candidates(model, task, devices, batch, rollout, precision, recipes, usable,
+                         speed, graphs):
+    """Rows of the data x pipeline layouts: each recipe's techniques with the processor remat
+    of every stage and the step split chosen by `gclab.sizing.pipeline_plan` (one sample per
+    micro-batch), checked by compiling the whole step on the layout.
+
+    Predicted time: the pipeline's (M + P - 1) ticks of its slowest stage, plus, with a
+    data axis, one all-reduce of the gradients over the link.
+    """
+    seen, costs_cache = set(), {}
+    params = analytical.param_count(model, task)
+    flops = speed.f32_flops if precision == "f32" else speed.bf16_flops
+    for layout in pipeline_layouts(devices, model.processor_steps):
+        for recipe in recipes or list(RECIPES):
+            memory = get_recipe(recipe, precision)
+            if rollout > 1 and recipe != "none":
+                memory = memory.replace(rollout_remat=True)
+            memory = memory.replace(processor_remat="none", remat_group_size=1,
+                                    remat_ratio=1.0)
+            row = {"parallel": layout.spec, "recipe": recipe}
+            if (layout.spec, memory) in seen:
+                continue
+            seen.add((layout.spec, memory))
+            if batch % layout.data:
+                yield {**row, "skipped": f"batch {batch} is not a multiple of "
+                       f"data:{layout.data}"}, None, None
+                continue
+            if precision != "f32":
+                yield {**row, "skipped": PIPELINE_PRECISION}, None, None
+                continue
+            if model.processor_steps < 4:
+                yield {**row, "skipped": "the stage planner needs 4 processor steps or "
+                       "more"}, None, None
+                continue
+            lay = layout.replace(microbatches=batch // layout.data)
+            # A stage program holds the parameters and their gradients; the whole step
+            # also the optimizer's two moments, the new parameters and moments.
+            stage_budget = usable * FIT_MARGIN - 5 * 4 * params
+            key = (memory, lay.microbatches)
+            choice = plan_pipeline(model, task, memory, lay, batch, stage_budget, flops,
+                                   speed.link_bytes_per_s, graphs, compile_choices=False,
+                                   costs=costs_cache.get(key))
+            costs_cache[key] = choice.costs
+            row = {**row, "parallel": lay.spec, "uniform": choice.uniform.to_dict(),
+                   "stage_budget": stage_budget}
+            if choice.layout is None:
+                yield {**row, "skipped": "no split and per-stage remat fits the stage "
+                       "budget"}, None, None
+                continue
+            spec = StepSpec(model, task, memory, batch=batch, rollout=rollout,
+                            parallel=choice.layout)
+            step = compile_train_step(spec, graphs)
+            need = step.memory.total_bytes
+            seconds = choice.milp.step_seconds + (
+                2 * 4 * params / speed.link_bytes_per_s if layout.data > 1 else 0.0)
+            yield {**row, "parallel": choice.layout.spec, "per_device_bytes": need,
+                   "collective_bytes": int(step.memory.collective_bytes),
+                   "predicted_seconds": seconds, "fits": fits(need, usable),
+                   "stages": choice.milp.to_dict()}, spec, seconds
 
 
 def plan_layout(budget: Union[int, float, str], model: ModelConfig, task: TaskConfig,
@@ -153,6 +227,11 @@ def plan_layout(budget: Union[int, float, str], model: ModelConfig, task: TaskCo
                                "predicted_seconds": seconds, "fits": ok})
             if ok and (best is None or seconds < best[2]):
                 best = (spec, recipe, seconds, need)
+    for row, spec, seconds in _pipeline_candidates(model, task, devices, batch, rollout,
+                                                   precision, recipes, usable, speed, graphs):
+        candidates.append(row)
+        if row.get("fits") and (best is None or seconds < best[2]):
+            best = (spec, row["recipe"], seconds, row["per_device_bytes"])
     if best is None:
         sized = [c for c in candidates if not c.get("skipped")]
         if not sized:

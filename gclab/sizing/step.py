@@ -38,7 +38,12 @@ from gclab.measure.compiled import (
 )
 from gclab.measure.timeline import compile_with_timeline
 from gclab.memory.config import MemoryConfig, recipe_name
-from gclab.model.graphcast import graph_inputs, make_network, param_shapes
+from gclab.model.graphcast import (
+    PIPELINE_PRECISION,
+    graph_inputs,
+    make_network,
+    param_shapes,
+)
 from gclab.parallel.config import ParallelConfig
 from gclab.parallel.sharding import make_mesh, use_layout
 from gclab.sizing.analytical import GraphCounts, estimate, param_count
@@ -77,10 +82,20 @@ class StepSpec:
                              f"of MemoryConfig.microbatches={self.memory.microbatches}.")
         if not isinstance(self.parallel, ParallelConfig):
             raise ValueError(f"StepSpec.parallel={self.parallel!r} is invalid: a ParallelConfig.")
-        if self.batch % (self.parallel.data * self.memory.microbatches):
+        multiple = self.parallel.data * self.memory.microbatches * self.parallel.microbatches
+        if self.batch % multiple:
             raise ValueError(f"StepSpec.batch={self.batch} is invalid: it must be a multiple of "
-                             f"ParallelConfig.data x MemoryConfig.microbatches = "
-                             f"{self.parallel.data * self.memory.microbatches}.")
+                             f"ParallelConfig.data x MemoryConfig.microbatches x "
+                             f"ParallelConfig.microbatches = {multiple}.")
+        if self.parallel.pipeline > 1:
+            if self.memory.precision != "f32":
+                raise ValueError(f"StepSpec.parallel={self.parallel.spec} is invalid with "
+                                 f"precision {self.memory.precision}: {PIPELINE_PRECISION}")
+            try:
+                self.parallel.stage_bounds(self.model.processor_steps)
+            except ValueError as e:
+                raise ValueError(f"StepSpec.parallel={self.parallel.spec} is invalid: {e}") \
+                    from None
 
     def memory_label(self) -> str:
         """The recipe name if the techniques equal one, else a short description."""
@@ -274,7 +289,7 @@ def compile_train_step(spec: StepSpec, graphs: Optional[Graphs] = None, *,
     lines = None
     with contextlib.ExitStack() as stack:
         if mesh is not None:
-            stack.enter_context(use_layout(mesh, spec.parallel.mesh_nodes))
+            stack.enter_context(use_layout(mesh, spec.parallel))
         if timeline:
             compiled, seconds, lines = compile_with_timeline(
                 step, *args, donate_argnums=donate, name=spec.memory_label(),

@@ -9,6 +9,10 @@ Where each argument of `train_step_fn` lives:
 | `GraphInputs`: mesh nodes | whole on every device |
 | `Example` fields (`[Ng, B, ...]`, `[T, Ng, B, ...]`) | grid nodes over `spatial`, batch over `data` |
 
+With a `pipeline` axis the network runs its stages on it (`gclab.parallel.pipeline`):
+every argument above is whole over `pipeline`, and each stage's device reads what its
+stage needs.
+
 The step is jitted with the state and metrics whole on every device, so the compiler
 reduces the gradients over `data` and `spatial` where the shardings call for it; inside,
 the network marks its node and edge arrays (`gclab.parallel.split_rows`, `full_rows`).
@@ -19,7 +23,7 @@ Shapes: Ng grid nodes, B batch, C data channels, O outputs, T rollout steps, E e
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Any, Callable, Optional, Union
 
 import haiku as hk
 import jax
@@ -30,7 +34,7 @@ from jax.sharding import Mesh
 from gclab.config import TaskConfig
 from gclab.memory.config import MemoryConfig
 from gclab.model.graphcast import GraphInputs
-from gclab.parallel.config import DATA_AXIS
+from gclab.parallel.config import DATA_AXIS, ParallelConfig
 from gclab.parallel.sharding import global_array, replicated, rows_sharding, use_layout
 from gclab.training.examples import Example
 from gclab.training.step import TrainState, train_step_fn
@@ -41,8 +45,13 @@ def mesh_axis_size(mesh: Mesh, name: str) -> int:
     return dict(zip(mesh.axis_names, mesh.devices.shape))[name]
 
 
-def check_batch(mesh: Mesh, batch: int, memory: MemoryConfig) -> None:
-    """Raises ValueError unless `batch` splits over `data` and then into micro-batches."""
+def check_batch(mesh: Mesh, batch: int, memory: MemoryConfig,
+                layout: Optional[ParallelConfig] = None) -> None:
+    """Raises ValueError unless `batch` splits over `data` and then into micro-batches
+    (gradient accumulation's, then the pipeline's of `layout`)."""
+    if layout is not None:
+        layout.check_batch(batch, memory.microbatches)
+        return
     data = mesh_axis_size(mesh, DATA_AXIS)
     if batch % data or (batch // data) % memory.microbatches:
         raise ValueError(f"batch {batch} is invalid for data:{data} and microbatches="
@@ -100,11 +109,12 @@ def make_sharded_train_step(net: hk.Transformed, optimizer: optax.GradientTransf
                             task: TaskConfig, memory: MemoryConfig, rollout: int,
                             weights: tuple, mesh: Mesh,
                             residual_scale: jax.Array | float = 1.0,
-                            mesh_nodes: str = "split") -> Callable:
+                            layout: Union[str, ParallelConfig] = "split") -> Callable:
     """`make_train_step` over the devices of `mesh`.
 
-    Arguments as in `gclab.training.make_train_step`, with the mesh and the layout's
-    `ParallelConfig.mesh_nodes`. The returned step
+    Arguments as in `gclab.training.make_train_step`, with the mesh and the layout
+    (`ParallelConfig`: its mesh-node rule and pipeline; or only its `mesh_nodes`). The
+    returned step
     takes arguments placed by `place_step_args` (or shapes from `abstract_step_args`:
     `step.lower(*args)`), and returns the new state and metrics whole on every device.
     """
@@ -113,11 +123,11 @@ def make_sharded_train_step(net: hk.Transformed, optimizer: optax.GradientTransf
                      donate_argnums=(0,) if memory.donate else ())
 
     def step(state: TrainState, graph: GraphInputs, example: Example):
-        with use_layout(mesh, mesh_nodes):
+        with use_layout(mesh, layout):
             return jitted(state, graph, example)
 
     def lower(state, graph, example):
-        with use_layout(mesh, mesh_nodes):
+        with use_layout(mesh, layout):
             return jitted.lower(state, graph, example)
 
     step.lower = lower

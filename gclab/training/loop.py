@@ -162,9 +162,9 @@ def train(model: ModelConfig, task: TaskConfig, steps: int, *, batch: int = 1,
     mesh = None
     if parallel.devices > 1:
         mesh = make_mesh(parallel)
-        check_batch(mesh, batch, memory)
+        check_batch(mesh, batch, memory, parallel)
         step_fn = make_sharded_train_step(net, optimizer, task, memory, rollout, weights, mesh,
-                                          norm.residual_scale, parallel.mesh_nodes)
+                                          norm.residual_scale, parallel)
         state, graph, _ = place_step_args(mesh, state, graph, first)
     else:
         if batch % memory.microbatches:

@@ -47,10 +47,52 @@ def test_malformed_spec_lists_what_is_accepted(spec):
 
 
 @pytest.mark.parametrize("field, value", [("data", 0), ("spatial", 1.5), ("data", True),
-                                          ("pipeline", 2)])
+                                          ("pipeline", 0), ("microbatches", 0)])
 def test_invalid_sizes_name_the_field(field, value):
     with pytest.raises(ValueError, match=rf"ParallelConfig\.{field}="):
         ParallelConfig(**{field: value})
+
+
+def test_pipeline_spec_round_trips_and_splits_steps():
+    p = parse_parallel_spec("data:2,pipeline:3,microbatches:4,stage-steps:2/5/9,stage-remat:1/0/9")
+    assert (p.data, p.pipeline, p.microbatches, p.devices) == (2, 3, 4, 6)
+    assert p.stage_steps == (2, 5, 9) and p.stage_remat == (1, 0, 9)
+    assert parse_parallel_spec(p.spec) == p
+    assert p.stage_bounds(16) == ((0, 2), (2, 7), (7, 16))
+    # Even by default, earlier stages one step more.
+    assert ParallelConfig(pipeline=3).stage_bounds(16) == ((0, 6), (6, 11), (11, 16))
+    assert ParallelConfig(pipeline=4).stage_bounds(4) == ((0, 1), (1, 2), (2, 3), (3, 4))
+
+
+@pytest.mark.parametrize("layout, steps, words", [
+    (ParallelConfig(pipeline=5), 4, "at most 4 stages"),
+    (ParallelConfig(pipeline=2, stage_steps=(3, 3)), 5, "add up to the processor's 5"),
+    (ParallelConfig(pipeline=2, stage_remat=(0, 3)), 4, "stage 1 has 2 steps, fewer than 3"),
+])
+def test_stage_bounds_refuse_what_the_processor_cannot_hold(layout, steps, words):
+    with pytest.raises(ValueError, match=words):
+        layout.stage_bounds(steps)
+
+
+@pytest.mark.parametrize("changes, field", [
+    (dict(pipeline=2, stage_steps=(1, 2, 3)), "stage_steps"),
+    (dict(pipeline=2, stage_steps=(0, 4)), "stage_steps"),
+    (dict(pipeline=2, stage_remat=(-1, 0)), "stage_remat"),
+    (dict(pipeline=2, stage_steps=(2, 2), stage_remat=(3, 0)), "stage_remat"),
+    (dict(microbatches=2), "pipeline"),
+])
+def test_invalid_pipeline_fields_name_the_field(changes, field):
+    with pytest.raises(ValueError, match=rf"ParallelConfig\.{field}="):
+        ParallelConfig(**changes)
+
+
+def test_pipeline_batch_must_split_into_data_and_micro_batches():
+    layout = ParallelConfig(data=2, pipeline=2, microbatches=3)
+    layout.check_batch(12)
+    with pytest.raises(ValueError, match="a multiple of 24"):
+        layout.check_batch(12, accumulation=4)
+    with pytest.raises(ValueError, match="a multiple of 6"):
+        layout.check_batch(8)
 
 
 def test_layouts_of_eight_devices():

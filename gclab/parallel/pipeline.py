@@ -1,0 +1,153 @@
+"""Pipeline stages over the `pipeline` mesh axis: a GPipe schedule of micro-batches.
+
+JAX offers the pieces (`shard_map`, `ppermute`) but no pipeline schedule, so the schedule
+is written here (the pattern of JAX's `shard_map` tutorial). Nothing here knows GraphCast:
+`gpipe` runs P stage functions, stage s on the s-th device of the `pipeline` axis, over M
+micro-batches, with `jax.shard_map` (manual over `pipeline` only, so `data` and `spatial`
+stay with the compiler's automatic partitioning and the network's sharding marks keep
+working inside a stage) and `jax.lax.ppermute` to hand each micro-batch's state from one
+stage to the next. The network (`gclab.model.graphcast`) builds the stages: the encoder
+and the first processor steps, then consecutive steps, the last steps and the decoder.
+
+The schedule (GPipe, Huang et al. 2019) runs T = M + P - 1 ticks. At tick t, stage s works
+on micro-batch t - s when 0 <= t - s < M and is idle otherwise (in an SPMD program an
+idle stage still computes, on a state whose result is discarded, so the idle ticks cost
+time, not correctness); then every stage sends its state to the next:
+
+    tick       0    1    2    3    4         (P = 3 stages, M = 3 micro-batches)
+    stage 0   m0   m1   m2    .    .
+    stage 1    .   m0   m1   m2    .
+    stage 2    .    .   m0   m1   m2   -> outputs of m0, m1, m2 at ticks 2, 3, 4
+
+The backward pass is the transpose of this loop (JAX differentiates through the scan over
+ticks and the `ppermute`s): the same ticks in reverse order, gradients flowing from the
+last stage to the first. Each stage is busy M of the T ticks of each pass, so the
+*bubble*, the fraction of a step a stage idles, is (P - 1) / (M + P - 1) (`bubble_fraction`);
+a stage holds what the backward pass needs of the M micro-batches it ran (and of its
+P - 1 idle ticks) until the backward pass reaches them.
+
+Each micro-batch's contribution is computed exactly as without the pipeline; outputs of
+idle ticks are never read, so their gradients are exact zeros, and the loss and gradients
+equal one device's up to the order of float32 sums. Parameters enter every stage whole
+(each stage reads its own steps' slice; GraphCast's parameters are small next to its
+activations), and their gradients are summed over the stages by the transpose of
+`shard_map`'s replicated inputs.
+
+Memory: in this SPMD program every device runs the same code, so each compiles to the
+same buffers: for every tick it keeps what the backward pass needs of the stage it ran,
+in a layout common to all stages (JAX merges the residuals of a switch's branches only
+where their shapes and dtypes agree; stages of different step counts or remat keep theirs
+side by side), for all M + P - 1 ticks. `gclab.sizing.pipeline_plan` sizes each stage's
+own program instead, what a device that compiles only its stage would hold;
+`benchmarks/pipeline_memory.py` records both.
+
+Shapes: M micro-batches, P stages, T = M + P - 1 ticks; a stage's state and output are
+whatever its functions take and return.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from typing import Any, Callable, Iterator, Optional, Sequence
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec
+
+from gclab.parallel.config import PIPELINE_AXIS, ParallelConfig
+
+# The layout whose pipeline the network runs while a step is traced (`use_pipeline`).
+_PIPELINE = contextvars.ContextVar("gclab_pipeline", default=None)
+
+
+def bubble_fraction(stages: int, microbatches: int) -> float:
+    """(P - 1) / (M + P - 1): the fraction of a GPipe step each stage idles."""
+    return (stages - 1) / (microbatches + stages - 1)
+
+
+@contextlib.contextmanager
+def use_pipeline(layout: Optional[ParallelConfig]) -> Iterator[None]:
+    """Makes the network run `layout`'s pipeline while a step is traced (None: no pipeline)."""
+    token = _PIPELINE.set(layout if layout is not None and layout.pipeline > 1 else None)
+    try:
+        yield
+    finally:
+        _PIPELINE.reset(token)
+
+
+def active_pipeline() -> Optional[ParallelConfig]:
+    """The layout whose pipeline is in use (`use_pipeline`), when a mesh with a `pipeline`
+    axis of its size is set; else None."""
+    layout = _PIPELINE.get()
+    mesh = jax.sharding.get_abstract_mesh()
+    if layout is None or mesh.empty or PIPELINE_AXIS not in mesh.axis_names:
+        return None
+    size = dict(zip(mesh.axis_names, mesh.axis_sizes))[PIPELINE_AXIS]
+    if size != layout.pipeline:
+        raise ValueError(f"the mesh's pipeline axis has {size} devices, the layout "
+                         f"{layout.spec} {layout.pipeline} stages")
+    return layout
+
+
+def gpipe(stages: Sequence[Callable], params: Any, xs: Any, state: Any,
+          microbatches: int) -> Any:
+    """Runs `stages` as a GPipe pipeline over the `pipeline` axis of the active mesh.
+
+    Args:
+      stages: P functions `stage(params, state, x) -> (state, out)`. Stage 0 reads the
+        micro-batch `x` and ignores `state`; stage s > 0 continues from the state stage
+        s - 1 returned; the last stage's `out` is the result (the others return zeros of
+        its shape and dtype). Every stage returns a state of the same structure.
+      params: a pytree every stage receives whole (e.g. the network's parameters).
+      xs: a pytree of micro-batches, each leaf `[M, ...]`.
+      state: a pytree of zeros shaped like the state passed between stages (what stage
+        s > 0 receives at an idle tick).
+      microbatches: M.
+
+    Returns:
+      The last stage's outputs, each leaf `[M, ...]` (micro-batch m at index m).
+    """
+    P, M = len(stages), microbatches
+    ticks = M + P - 1
+    forward = [(i, i + 1) for i in range(P - 1)]  # stage s sends to stage s + 1
+
+    # Every stage's results differ from device to device (`shard_map`'s varying type), so
+    # that the branches of the switch below have one type.
+    branches = [lambda *args, stage=stage: _varying(stage(*args)) for stage in stages]
+
+    def per_device(params, xs, state):
+        s = jax.lax.axis_index(PIPELINE_AXIS)
+        # Cast here, outside the switch: the transpose of a cast is a sum over `pipeline`
+        # (the parameters' gradients summed over the stages), a collective that every
+        # device must join, so none may sit inside a branch only one stage takes.
+        params, xs, state = _varying((params, xs, state))
+
+        def tick(state, t):
+            # Stage 0 reads micro-batch t (after the last one it reruns micro-batch M - 1,
+            # and that result is never read).
+            x = jax.tree_util.tree_map(lambda a: a[jnp.minimum(t, M - 1)], xs)
+            # Each device runs its own stage's program (own steps, own remat), picked by
+            # its index on the `pipeline` axis.
+            state, out = jax.lax.switch(s, branches, params, state, x)
+            state = jax.lax.ppermute(state, PIPELINE_AXIS, forward)
+            return state, out
+
+        _, outs = jax.lax.scan(tick, state, jnp.arange(ticks))  # [T, ...] leaves
+        # The last stage emits micro-batch t - (P - 1) at tick t.
+        return jax.tree_util.tree_map(lambda a: a[None, P - 1:], outs)  # [1, M, ...]
+
+    run = jax.shard_map(per_device, in_specs=(PartitionSpec(), PartitionSpec(),
+                                              PartitionSpec()),
+                        out_specs=PartitionSpec(PIPELINE_AXIS), axis_names={PIPELINE_AXIS})
+    outs = run(params, xs, state)  # [P, M, ...] leaves
+    return jax.tree_util.tree_map(lambda a: a[-1], outs)  # [M, ...] from the last stage
+
+
+def _varying(tree: Any) -> Any:
+    """`tree` with every leaf typed as varying over the `pipeline` axis."""
+    def cast(a):
+        if PIPELINE_AXIS in jax.typeof(a).mat.varying:
+            return a
+        return jax.lax.pcast(a, PIPELINE_AXIS, to="varying")
+    return jax.tree_util.tree_map(cast, tree)

@@ -1,0 +1,392 @@
+"""Pipeline planner: the step split and each stage's checkpointing, chosen by MILP.
+
+In a pipeline the stages are not alike: the first also holds the encoder, the last the
+decoder, so one remat ratio for every stage wastes memory on some and time on others.
+`plan_pipeline` chooses, for P stages over S processor steps and M micro-batches, how many
+steps k_s each stage runs and how many n_s of them it checkpoints (the first n_s, each
+under its own checkpoint: `ParallelConfig.stage_remat`), to minimise the predicted step
+time under a per-device memory budget, and compares that with one ratio for all stages.
+
+Memory of a stage comes from XLA's compiled analysis of that stage's own program (shapes
+only): its forward and backward over the M micro-batches it holds under GPipe
+(`stage_program_memory`, whole parameters and their gradients included). Five compiles fit
+a model linear in the steps, `StageCosts`:
+
+    memory_s = base_kind(s) + stored x (k_s - n_s) + checkpointed x n_s
+
+with `kind` first (encoder), middle or last (decoder); the chosen stages are compiled
+again to check the fit. Time is counted in ticks of the GPipe schedule
+(`gclab.parallel.pipeline`): every tick lasts as long as the slowest stage's work on one
+micro-batch, forward and backward,
+
+    tick = max_s (3 F_s + n_s F_step) / flops_per_s + state_bytes / link_bytes_per_s
+    step = (M + P - 1) x tick,
+
+F_s the forward FLOPs of stage s (its steps, plus encoder or decoder), one extra forward
+per checkpointed step, and the state a stage sends per tick over the link. The MILP
+(`scipy.optimize.milp`) has integer k_s, n_s and a continuous tick t >= every stage's
+time; it minimises t. `brute_force` enumerates every split and setting (small cases, a
+check of the MILP), `uniform` gives every stage the same ratio on the even split.
+
+Shapes: S processor steps, P stages, M micro-batches, b = B / (data x M) samples each.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+from typing import Any, Optional
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from scipy.optimize import Bounds, LinearConstraint, milp
+
+from gclab.config import ModelConfig, TaskConfig
+from gclab.geometry.graphs import Graphs, graphs_for
+from gclab.measure.compiled import compile_timed, memory_of_compiled, plan_only_options
+from gclab.memory.config import MemoryConfig
+from gclab.model.graphcast import graph_inputs, make_stage_network, param_shapes
+from gclab.parallel.config import ParallelConfig
+from gclab.parallel.pipeline import bubble_fraction
+from gclab.sizing import analytical
+
+
+@dataclasses.dataclass(frozen=True)
+class StageCosts:
+    """A pipeline stage's memory and time, linear in its steps (see the module docstring).
+
+    Attributes:
+      base: bytes of a stage with no steps: `{'first', 'middle', 'last'}`.
+      stored: bytes each stored (not checkpointed) step adds.
+      checkpointed: bytes each checkpointed step adds.
+      step_seconds: one processor step's forward on one micro-batch.
+      encoder_seconds, decoder_seconds: the encoder's and decoder's forward on one.
+      link_seconds: sending one micro-batch's state to the next stage.
+    """
+    base: dict
+    stored: float
+    checkpointed: float
+    step_seconds: float
+    encoder_seconds: float
+    decoder_seconds: float
+    link_seconds: float = 0.0
+
+    def kind(self, stage: int, stages: int) -> str:
+        return "first" if stage == 0 else "last" if stage == stages - 1 else "middle"
+
+    def memory(self, stage: int, stages: int, steps: int, checkpointed: int) -> float:
+        """Predicted bytes of stage `stage` of `stages` with these steps."""
+        return (self.base[self.kind(stage, stages)] + self.stored * (steps - checkpointed)
+                + self.checkpointed * checkpointed)
+
+    def seconds(self, stage: int, stages: int, steps: int, checkpointed: int) -> float:
+        """Predicted seconds of one tick's work (forward and backward of one micro-batch)."""
+        fixed = {"first": self.encoder_seconds, "last": self.decoder_seconds}.get(
+            self.kind(stage, stages), 0.0)
+        return (3 * (fixed + steps * self.step_seconds) + checkpointed * self.step_seconds
+                + self.link_seconds)
+
+
+@dataclasses.dataclass(frozen=True)
+class StageChoice:
+    """Steps and checkpointed steps of every stage, and what they cost.
+
+    Attributes:
+      stage_steps, stage_remat: per stage (`ParallelConfig.stage_steps`, `stage_remat`).
+      memory_bytes: predicted bytes per stage.
+      tick_seconds: the slowest stage's tick.
+      step_seconds: (M + P - 1) ticks.
+      recomputed_steps: checkpointed steps over all stages (each one extra forward per
+        micro-batch).
+      bubble: (P - 1) / (M + P - 1).
+      fits: every stage within the budget.
+    """
+    stage_steps: tuple
+    stage_remat: tuple
+    memory_bytes: tuple
+    tick_seconds: float
+    step_seconds: float
+    recomputed_steps: int
+    bubble: float
+    fits: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def evaluate(costs: StageCosts, steps: tuple, remat: tuple, microbatches: int,
+             budget: float) -> StageChoice:
+    """The cost of one choice of stage steps and checkpointed steps."""
+    P = len(steps)
+    mem = tuple(costs.memory(s, P, k, n) for s, (k, n) in enumerate(zip(steps, remat)))
+    tick = max(costs.seconds(s, P, k, n) for s, (k, n) in enumerate(zip(steps, remat)))
+    steps, remat = tuple(int(k) for k in steps), tuple(int(n) for n in remat)
+    mem = tuple(float(m) for m in mem)
+    return StageChoice(steps, remat, mem, float(tick), (microbatches + P - 1) * float(tick),
+                       int(sum(remat)), bubble_fraction(P, microbatches),
+                       all(m <= budget for m in mem))
+
+
+def even_split(steps: int, stages: int) -> tuple:
+    """`ParallelConfig`'s default split: as even as possible, earlier stages one more."""
+    return tuple(int(b - a) for a, b in ParallelConfig(pipeline=stages).stage_bounds(steps))
+
+
+def solve_milp(costs: StageCosts, steps: int, stages: int, microbatches: int,
+               budget: float) -> Optional[StageChoice]:
+    """The split and checkpointed steps of least predicted step time that fit, by MILP.
+
+    Variables `[k_0..k_{P-1}, n_0..n_{P-1}, t]`: steps and checkpointed steps (integers),
+    the tick t (continuous). Ties are broken towards fewer checkpointed steps.
+
+    Returns:
+      The choice, or None when nothing fits.
+    """
+    P, S = stages, steps
+    nv = 2 * P + 1
+    rows, lo, hi = [], [], []
+
+    def row(entries: dict, low: float, high: float) -> None:
+        r = np.zeros(nv)
+        for i, v in entries.items():
+            r[i] = v
+        rows.append(r)
+        lo.append(low)
+        hi.append(high)
+
+    # Units of order one for the solver's tolerances: time in processor steps, memory in
+    # budgets.
+    unit_s = costs.step_seconds if costs.step_seconds > 0 else 1.0
+    unit_b = max(abs(budget), costs.stored, 1.0)
+    row({s: 1 for s in range(P)}, S, S)  # the steps add up to S
+    for s in range(P):
+        kind = costs.kind(s, P)
+        row({P + s: 1, s: -1}, -np.inf, 0)  # n_s <= k_s
+        row({s: costs.stored / unit_b, P + s: (costs.checkpointed - costs.stored) / unit_b},
+            -np.inf, (budget - costs.base[kind]) / unit_b)  # the stage fits
+        fixed = costs.seconds(s, P, 0, 0) / unit_s
+        row({s: 3 * costs.step_seconds / unit_s, P + s: costs.step_seconds / unit_s,
+             2 * P: -1}, -np.inf, -fixed)  # its tick is at most t
+    # Ties: a checkpointed step costs a little, far less than any change of t.
+    tie = 1e-4 / max(1, S)
+    c = np.array([0.0] * P + [tie] * P + [1.0])
+    lower = np.array([1] * P + [0] * P + [0.0])
+    upper = np.array([S] * P + [S] * P + [np.inf])
+    integrality = np.array([1] * (2 * P) + [0])
+    res = milp(c, constraints=LinearConstraint(np.array(rows), lo, hi),
+               integrality=integrality, bounds=Bounds(lower, upper))
+    if res.x is None:
+        return None
+    x = np.round(res.x).astype(int)
+    return evaluate(costs, tuple(x[:P]), tuple(x[P:2 * P]), microbatches, budget)
+
+
+def uniform(costs: StageCosts, steps: int, stages: int, microbatches: int,
+            budget: float) -> StageChoice:
+    """One remat ratio for every stage, on the even split: the least ratio that fits.
+
+    Stage s checkpoints ceil(r k_s) of its k_s steps (`MemoryConfig`'s `ratio:r`); r runs
+    over the ratios that change some stage's count. When none fits, r = 1.
+    """
+    split = even_split(steps, stages)
+    ratios = sorted({n / k for k in split for n in range(k + 1)})
+    choice = None
+    for r in ratios:
+        remat = tuple(min(k, math.ceil(r * k - 1e-9)) for k in split)
+        choice = evaluate(costs, split, remat, microbatches, budget)
+        if choice.fits:
+            return choice
+    return choice
+
+
+def brute_force(costs: StageCosts, steps: int, stages: int, microbatches: int,
+                budget: float) -> Optional[StageChoice]:
+    """Every split and every stage's checkpointed steps: the fastest that fits (small cases)."""
+    best = None
+    for cuts in itertools.combinations(range(1, steps), stages - 1):
+        split = tuple(np.diff((0,) + cuts + (steps,)).tolist())
+        for remat in itertools.product(*(range(k + 1) for k in split)):
+            choice = evaluate(costs, split, remat, microbatches, budget)
+            if choice.fits and (best is None or choice.step_seconds < best.step_seconds - 1e-15):
+                best = choice
+    return best
+
+
+# ---------------------------------------------------------------------------------------
+# Compiled stage programs.
+
+
+def stage_program_memory(model: ModelConfig, task: TaskConfig, memory: MemoryConfig,
+                         layout: ParallelConfig, stage: int, microbatch: int,
+                         graphs: Optional[Graphs] = None) -> int:
+    """Compiled bytes (arguments + outputs + temp) of one stage's GPipe program, shapes only.
+
+    The program is the stage's forward over M = `layout.microbatches` micro-batches of
+    `microbatch` samples in a scan, then its backward (gradients of the whole parameters
+    and of its incoming states): what one pipeline device holds under GPipe.
+    """
+    graphs = graphs if graphs is not None else graphs_for(model)
+    C, O, M = task.data_channels, task.output_channels, layout.microbatches
+    first, last = stage == 0, stage == layout.pipeline - 1
+    sds = jax.ShapeDtypeStruct
+    graph = jax.tree_util.tree_map(lambda a: sds(a.shape, a.dtype), graph_inputs(graphs))
+    params = param_shapes(model, C, O)
+    x = sds((graphs.num_grid_nodes, microbatch, C), jnp.float32)
+    net0 = make_stage_network(model, C, O, memory, layout, 0)
+    state = jax.eval_shape(net0.apply, params, graph, None, x)[0]
+    net = make_stage_network(model, C, O, memory, layout, stage)
+    out = jax.eval_shape(net.apply, params, graph, state, x)[1]
+
+    def stacked(tree):
+        return jax.tree_util.tree_map(lambda a: sds((M,) + a.shape, a.dtype), tree)
+
+    xs = stacked(x) if first else None
+    states = None if first else stacked(state)
+    cotangents = stacked(out) if last else stacked(state)
+
+    def program(params, graph, xs, states, cotangents):
+        def total(params, states):
+            def body(acc, inp):
+                x, st, ct = inp
+                new_state, out = net.apply(params, graph, st, x)
+                y = out if last else new_state
+                dots = [jnp.vdot(a.astype(jnp.float32), b.astype(jnp.float32))
+                        for a, b in zip(jax.tree_util.tree_leaves(y),
+                                        jax.tree_util.tree_leaves(ct))]
+                return acc + sum(dots), None
+            acc, _ = jax.lax.scan(body, jnp.zeros((), jnp.float32), (xs, states, cotangents))
+            return acc
+        return jax.grad(total, argnums=(0, 1))(params, states)
+
+    compiled, seconds = compile_timed(program, (params, graph, xs, states, cotangents), {},
+                                      compiler_options=plan_only_options())
+    return int(memory_of_compiled(compiled, seconds).total_bytes)
+
+
+def fit_stage_costs(model: ModelConfig, task: TaskConfig, memory: MemoryConfig,
+                    microbatches: int, microbatch: int, flops_per_s: float,
+                    link_bytes_per_s: float, graphs: Optional[Graphs] = None) -> StageCosts:
+    """`StageCosts` from five compiled stage programs and the model's FLOPs.
+
+    Middle stages of 1 and 2 stored steps and of 2 checkpointed steps give the per-step
+    bytes and a middle stage's base; first and last stages of one stored step give theirs.
+    """
+    graphs = graphs if graphs is not None else graphs_for(model)
+    S = model.processor_steps
+
+    def compiled(stages, stage, steps, checkpointed):
+        rest = S - steps
+        split = [steps if s == stage else 0 for s in range(stages)]
+        others = [s for s in range(stages) if s != stage]
+        for i in range(rest):  # the other stages' steps: they do not change this stage
+            split[others[i % len(others)]] += 1
+        remat = [checkpointed if s == stage else 0 for s in range(stages)]
+        layout = ParallelConfig(pipeline=stages, microbatches=microbatches,
+                                stage_steps=tuple(split), stage_remat=tuple(remat))
+        return stage_program_memory(model, task, memory, layout, stage, microbatch, graphs)
+
+    if S < 4:
+        raise ValueError(f"fitting stage costs needs 4 processor steps or more, not {S}")
+    m1 = compiled(3, 1, 1, 0)
+    m2 = compiled(3, 1, 2, 0)
+    m2c = compiled(3, 1, 2, 2)
+    stored = m2 - m1
+    base_mid = m1 - stored
+    checkpointed = (m2c - base_mid) / 2
+    base = {"middle": base_mid, "first": compiled(3, 0, 1, 0) - stored,
+            "last": compiled(3, 2, 1, 0) - stored}
+    counts = analytical.GraphCounts.for_model(model, graphs.grid2mesh.num_edges)
+    f = analytical.stage_flops(model, task, counts, microbatch)
+    L = model.latent_size
+    itemsize = 2 if memory.precision == "bf16" else 4
+    state_bytes = itemsize * microbatch * L * (counts.grid_nodes + counts.mesh_nodes
+                                              + counts.mesh_edges)
+    return StageCosts(base, float(stored), float(checkpointed), f["processor_step"] / flops_per_s,
+                      f["encoder"] / flops_per_s, f["decoder"] / flops_per_s,
+                      state_bytes / link_bytes_per_s)
+
+
+@dataclasses.dataclass(frozen=True)
+class PipelineChoice:
+    """The MILP's per-stage choice and one ratio for all stages, for one pipeline layout.
+
+    Attributes:
+      layout: the pipeline layout with the MILP's stage steps and remat (None when
+        nothing fits).
+      costs: the fitted `StageCosts`.
+      stage_budget: bytes a stage program may take (the device's share of the plan
+        minus the optimizer's two moments, which a stage program does not hold).
+      milp: the MILP's `StageChoice` (None when nothing fits).
+      uniform: one ratio for all stages on the even split.
+      compiled_milp, compiled_uniform: compiled bytes of each stage's program for both.
+    """
+    layout: Optional[ParallelConfig]
+    costs: StageCosts
+    stage_budget: float
+    milp: Optional[StageChoice]
+    uniform: StageChoice
+    compiled_milp: tuple
+    compiled_uniform: tuple
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"parallel": None if self.layout is None else self.layout.spec,
+                "costs": dataclasses.asdict(self.costs), "stage_budget": self.stage_budget,
+                "milp": None if self.milp is None else self.milp.to_dict(),
+                "uniform": self.uniform.to_dict(), "compiled_milp": list(self.compiled_milp),
+                "compiled_uniform": list(self.compiled_uniform)}
+
+    def explain(self) -> str:
+        """Two lines: the MILP's stages and one ratio's."""
+        def line(name, c, compiled):
+            mem = "/".join(f"{m / 2**20:.1f}" for m in (compiled or c.memory_bytes))
+            return (f"{name}: steps {'/'.join(map(str, c.stage_steps))}, checkpointed "
+                    f"{'/'.join(map(str, c.stage_remat))}, {mem} MiB per stage"
+                    f"{' (compiled)' if compiled else ''}, predicted {c.step_seconds * 1e3:.3g}"
+                    f" ms, bubble {c.bubble:.0%}{'' if c.fits else ', does not fit'}")
+        out = [line("one ratio", self.uniform, self.compiled_uniform)]
+        out.append("per stage (MILP): nothing fits" if self.milp is None
+                   else line("per stage (MILP)", self.milp, self.compiled_milp))
+        return "\n".join(out)
+
+
+def plan_pipeline(model: ModelConfig, task: TaskConfig, memory: MemoryConfig,
+                  layout: ParallelConfig, batch: int, stage_budget: float,
+                  flops_per_s: float, link_bytes_per_s: float,
+                  graphs: Optional[Graphs] = None, compile_choices: bool = True,
+                  costs: Optional[StageCosts] = None) -> PipelineChoice:
+    """The MILP's stage steps and per-stage remat for `layout` (its data, pipeline and
+    microbatches), against one ratio for all stages.
+
+    Args:
+      model, task, memory: the step (`memory`'s processor remat is replaced per stage).
+      layout: data x pipeline layout; `microbatches` of them per data slice.
+      batch: the global batch (a multiple of data x microbatches).
+      stage_budget: bytes each stage's program may take.
+      flops_per_s, link_bytes_per_s: the card's speeds.
+      graphs: the model's graphs.
+      compile_choices: compile both choices' stage programs (else only predicted).
+      costs: `StageCosts` already fitted for this micro-batch (else fitted here).
+    """
+    graphs = graphs if graphs is not None else graphs_for(model)
+    S, P, M = model.processor_steps, layout.pipeline, layout.microbatches
+    layout.check_batch(batch)
+    b = batch // (layout.data * M)
+    if costs is None:
+        costs = fit_stage_costs(model, task, memory, M, b, flops_per_s, link_bytes_per_s,
+                                graphs)
+    chosen = solve_milp(costs, S, P, M, stage_budget)
+    one = uniform(costs, S, P, M, stage_budget)
+
+    def compiled(choice):
+        if not compile_choices or choice is None:
+            return ()
+        lay = layout.replace(stage_steps=choice.stage_steps, stage_remat=choice.stage_remat)
+        return tuple(stage_program_memory(model, task, memory, lay, s, b, graphs)
+                     for s in range(P))
+
+    best = None if chosen is None else layout.replace(stage_steps=chosen.stage_steps,
+                                                      stage_remat=chosen.stage_remat)
+    return PipelineChoice(best, costs, float(stage_budget), chosen, one, compiled(chosen),
+                          compiled(one))

@@ -1,0 +1,88 @@
+"""Loss and gradients of a tiny model under pipeline layouts, against one device (a worker).
+
+Run as `python pipeline_worker.py N LAYOUT@MEMORY[;LAYOUT@MEMORY...]` in a fresh process:
+it asks for N simulated CPU devices before JAX starts, and for each layout (e.g.
+`pipeline:2,microbatches:2,stage-steps:1/4,stage-remat:1/0`) and memory setting (`none`,
+`remat`, `blocks-remat`, `lean`) computes the loss and gradients on one device and under the
+layout (batch 4, rollout 1), and prints one JSON line with the largest relative
+differences. Compiles skip LLVM optimisation (`plan_only_options`), which keeps them fast.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+
+import jax
+
+jax.config.update("jax_num_cpu_devices", int(sys.argv[1]))
+
+import numpy as np  # noqa: E402
+
+from gclab import training  # noqa: E402
+from gclab.config import ModelConfig, TaskConfig  # noqa: E402
+from gclab.geometry.graphs import graphs_for  # noqa: E402
+from gclab.memory.config import MemoryConfig, get_recipe  # noqa: E402
+from gclab.model.graphcast import graph_inputs, make_network  # noqa: E402
+from gclab.parallel import make_mesh, parse_parallel_spec, use_layout  # noqa: E402
+from gclab.sizing.step import plan_only_options  # noqa: E402
+from gclab.training.layout import place_step_args  # noqa: E402
+
+# 5 processor steps: uneven splits over 2 and 4 stages.
+TINY = ModelConfig(resolution=6.0, mesh_splits=2, latent_size=16, processor_steps=5)
+TASK = TaskConfig.from_levels(13)
+EDGE_BLOCK = 700  # several blocks of every edge set at 6 deg
+MEMORY = {
+    "none": MemoryConfig(),
+    "remat": MemoryConfig(processor_remat="step"),
+    "blocks-remat": MemoryConfig(processor_remat="nested", remat_group_size=2,
+                                 edge_block_size=EDGE_BLOCK, processor_edge_blocks=True,
+                                 checkpoint_encoder=True, checkpoint_decoder=True),
+    # Streamed grid nodes: the inputs, not grid latents, travel from the first stage to
+    # the last.
+    "lean": get_recipe("lean").replace(edge_block_size=EDGE_BLOCK),
+}
+
+
+def loss_and_grad(args, memory: MemoryConfig, weights: tuple):
+    net = make_network(TINY, TASK.data_channels, TASK.output_channels, memory)
+    fn = functools.partial(training.loss_and_grad, memory=memory, net=net, task=TASK,
+                           rollout=1, weights=weights)
+    compiled = jax.jit(fn).lower(*args).compile(plan_only_options())
+    return jax.device_get(compiled(*args))
+
+
+def main() -> None:
+    batch = 4
+    graphs = graphs_for(TINY)
+    graph = graph_inputs(graphs)
+    weather = training.SyntheticWeather(TASK, TINY.resolution, seed=3)
+    example = weather.make_batch(batch, 1)
+    net = make_network(TINY, TASK.data_channels, TASK.output_channels)
+    params = net.init(jax.random.PRNGKey(0), graph, example.inputs)
+    weights = training.loss_weights(TASK, graphs.grid_lat, graphs.n_lon)
+    reference = {}
+    for item in sys.argv[2].split(";"):
+        spec, memory_name = item.split("@")
+        layout, memory = parse_parallel_spec(spec), MEMORY[memory_name]
+        if memory_name not in reference:
+            reference[memory_name] = loss_and_grad((params, graph, example), memory, weights)
+        ref_loss, ref_grads = reference[memory_name]
+        ref_leaves = jax.tree_util.tree_leaves(ref_grads)
+        mesh = make_mesh(layout)
+        with use_layout(mesh, layout):
+            loss, grads = loss_and_grad(place_step_args(mesh, params, graph, example), memory,
+                                        weights)
+        leaves = jax.tree_util.tree_leaves(grads)
+        rel = max(float(np.max(np.abs(a - b)) / (np.max(np.abs(b)) + 1e-30))
+                  for a, b in zip(leaves, ref_leaves))
+        print(json.dumps({
+            "layout": layout.spec, "memory": memory_name, "loss": float(loss),
+            "ref_loss": float(ref_loss),
+            "loss_rel": abs(float(loss) - float(ref_loss)) / abs(float(ref_loss)),
+            "grad_rel": rel}), flush=True)
+
+
+if __name__ == "__main__":
+    main()

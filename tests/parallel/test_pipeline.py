@@ -1,0 +1,55 @@
+"""Pipeline layouts give one device's loss and gradients (float32, 1e-5 relative).
+
+The cases run `pipeline_worker.py` in one fresh process with 4 simulated CPU devices (the
+device count must be set before JAX starts; a 2-stage layout uses the first 2). Tiny
+model: 6 deg, 2 splits, 5 x 16, so that 2 and 4 stages split the steps unevenly; batch 4.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from gclab.parallel import ParallelConfig
+from gclab.parallel.pipeline import bubble_fraction
+
+WORKER = Path(__file__).resolve().parent / "pipeline_worker.py"
+ROOT = WORKER.parents[2]
+TOLERANCE = 1e-5
+CASES = [
+    # P = 2, even as can be (3 + 2 steps), each stage its own remat.
+    "pipeline:2,microbatches:2,stage-remat:2/0@none",
+    # P = 2, uneven (1 + 4), no remat.
+    "pipeline:2,microbatches:4,stage-steps:1/4@none",
+    # P = 4, uneven, per-step remat everywhere, one micro-batch per sample.
+    "pipeline:4,microbatches:4,stage-steps:2/1/1/1@remat",
+    # spatial x pipeline, uneven (4 + 1).
+    "spatial:2,pipeline:2,microbatches:2,stage-steps:4/1@none",
+    # data x pipeline, edge blocks and whole-stage checkpoints, per-stage remat counts.
+    "data:2,pipeline:2,microbatches:2,stage-remat:1/2@blocks-remat",
+    # data x pipeline under `lean` (streamed grid nodes, nested remat in every stage).
+    "data:2,pipeline:2,microbatches:2,stage-steps:2/3@lean",
+]
+
+
+def test_pipeline_layouts_match_one_device():
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p))
+    proc = subprocess.run([sys.executable, str(WORKER), "4", ";".join(CASES)],
+                          capture_output=True, text=True, env=env, timeout=1500)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    results = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert len(results) == len(CASES)
+    for r in results:
+        assert r["loss_rel"] < TOLERANCE, r
+        assert r["grad_rel"] < TOLERANCE, r
+
+
+def test_bubble_fraction():
+    assert bubble_fraction(1, 8) == 0
+    assert bubble_fraction(4, 1) == 3 / 4
+    assert bubble_fraction(4, 13) == 3 / 16
+    assert ParallelConfig(pipeline=4, microbatches=13).devices == 4
