@@ -26,10 +26,7 @@ and Haiku's LayerNorm computed in bfloat16 as the official code does) is recorde
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import os
-import platform
 import statistics
 import sys
 import time
@@ -39,10 +36,10 @@ from unittest import mock
 import jax
 import jax.numpy as jnp
 
-from gclab import __version__, model
+from gclab import model
 from gclab.config import get_preset
 from gclab.files import write_text_atomic
-from gclab.measure import format_bytes
+from gclab.measure import format_bytes, machine
 from gclab.memory import RECIPES, get_recipe
 from gclab.model import layers as model_layers
 from gclab.sizing import StepSpec, make_live_step, train_step_memory
@@ -59,12 +56,7 @@ GCLAB_LAYER_NORM = model.layer_norm
 
 
 def hardware() -> dict:
-    dev = jax.devices()[0]
-    return {"backend": jax.default_backend(), "device": dev.device_kind,
-            "platform": platform.platform(), "processor": platform.processor(),
-            "cpu_count": os.cpu_count(), "python": sys.version.split()[0],
-            "jax": jax.__version__, "gclab": __version__,
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    return machine()
 
 
 def recipe_table(presets, precisions) -> list:

@@ -25,12 +25,8 @@ single-device temp per device.
 from __future__ import annotations
 
 import argparse
-import datetime
 import functools
 import json
-import os
-import platform
-import sys
 import time
 from pathlib import Path
 
@@ -39,9 +35,8 @@ import jax
 MAX_DEVICES = 8
 jax.config.update("jax_num_cpu_devices", MAX_DEVICES)
 
-from gclab import __version__  # noqa: E402
 from gclab.config import get_preset  # noqa: E402
-from gclab.measure import format_bytes  # noqa: E402
+from gclab.measure import format_bytes, machine  # noqa: E402
 from gclab.memory import get_recipe  # noqa: E402
 from gclab.parallel import ParallelConfig, parse_parallel_spec  # noqa: E402
 from gclab.sizing import StepSpec, compile_train_step  # noqa: E402
@@ -56,12 +51,7 @@ RESULTS = Path(__file__).parent / "results"
 
 
 def hardware() -> dict:
-    dev = jax.devices()[0]
-    return {"backend": jax.default_backend(), "device": dev.device_kind,
-            "simulated_devices": jax.device_count(), "platform": platform.platform(),
-            "processor": platform.processor(), "cpu_count": os.cpu_count(),
-            "python": sys.version.split()[0], "jax": jax.__version__, "gclab": __version__,
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    return machine(simulated_devices=jax.device_count())
 
 
 LAYOUTS = ("spatial", "spatial-replicated", "data")

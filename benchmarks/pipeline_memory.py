@@ -20,11 +20,7 @@ hardware and date.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import os
-import platform
-import sys
 from pathlib import Path
 
 import jax
@@ -32,9 +28,9 @@ import jax
 MAX_DEVICES = 4
 jax.config.update("jax_num_cpu_devices", MAX_DEVICES)
 
-from gclab import __version__  # noqa: E402
 from gclab.config import get_preset  # noqa: E402
 from gclab.geometry.graphs import graphs_for  # noqa: E402
+from gclab.measure import machine  # noqa: E402
 from gclab.memory import MemoryConfig  # noqa: E402
 from gclab.parallel import ParallelConfig  # noqa: E402
 from gclab.sizing import StepSpec, compile_train_step  # noqa: E402
@@ -52,12 +48,7 @@ MiB = 2**20
 
 
 def hardware() -> dict:
-    dev = jax.devices()[0]
-    return {"backend": jax.default_backend(), "device": dev.device_kind,
-            "simulated_devices": jax.device_count(), "platform": platform.platform(),
-            "processor": platform.processor(), "cpu_count": os.cpu_count(),
-            "python": sys.version.split()[0], "jax": jax.__version__, "gclab": __version__,
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    return machine(simulated_devices=jax.device_count())
 
 
 def markdown(record: dict) -> str:

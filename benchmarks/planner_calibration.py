@@ -26,19 +26,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime
 import json
-import os
-import platform
 import sys
 import time
 from pathlib import Path
 
-import jax
-
-from gclab import __version__
 from gclab.config import get_preset
 from gclab.files import write_text_atomic
+from gclab.measure import machine
 from gclab.memory.config import MemoryConfig
 from gclab.sizing.planner import ladder
 from gclab.sizing.speed import calibration_name, fit_calibration, present_device
@@ -53,13 +48,7 @@ DEFAULT_PRESETS = "cpu-8x128,cpu-16x512"
 
 
 def hardware() -> dict:
-    dev = jax.devices()[0]
-    return {"backend": jax.default_backend(), "device": dev.device_kind,
-            "platform": platform.platform(), "processor": platform.processor(),
-            "cpu_count": os.cpu_count(), "python": sys.version.split()[0],
-            "jax": jax.__version__, "gclab": __version__,
-            "load_average_1min": os.getloadavg()[0],
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    return machine()
 
 
 def measure(preset_name: str, labels, repeats: int) -> list[dict]:

@@ -10,6 +10,7 @@
 | `hostmem` | host (numpy) allocations during a block of code, with memray |
 | `hlo` | FLOPs and fusions of a compiled function's optimised HLO |
 | `timing` | the median wall time of a call |
+| `provenance` | the machine, versions and date a recorded measurement names |
 | `eager` | bytes an op-by-op execution would allocate |
 | `targets` | small workloads for `measure_peak` (tests and the book) |
 """
@@ -28,6 +29,7 @@ from gclab.measure.eager import op_by_op_bytes
 from gclab.measure.hlo import flops, fusion_counts, hlo_computations, largest_fusion
 from gclab.measure.hostmem import HostMemory, track_host_memory
 from gclab.measure.peak import PeakResult, measure_peak
+from gclab.measure.provenance import machine
 from gclab.measure.residuals import (
     ARGUMENTS_GROUP,
     NOT_A_GRAPH_SET,
@@ -53,7 +55,8 @@ __all__ = [
     "HostMemory", "LiveValue", "PeakResult", "Timeline", "bytes_by_graph_set", "collective_bytes",
     "compile_fn",
     "compile_timed", "compile_with_timeline", "compiled_memory", "flops", "format_bytes",
-    "fusion_counts", "hlo_computations", "indexed_by", "label_op", "largest_fusion", "measure_peak",
+    "fusion_counts", "hlo_computations", "indexed_by", "label_op", "largest_fusion", "machine",
+    "measure_peak",
     "median_seconds", "memory_of_compiled", "memory_timeline", "module_of_scope",
     "op_by_op_bytes", "plan_only_options", "saved_residuals_df", "summarize_residuals",
     "timeline_from_dump", "track_host_memory",
