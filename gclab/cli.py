@@ -645,7 +645,7 @@ def start_devices(args) -> None:
     multiple = layout.data * _resolve_memory(args, args.recipe).microbatches
     if args.batch % (multiple * layout.microbatches):
         raise UsageError(f"--batch {args.batch}: a multiple of {multiple * layout.microbatches}"
-                         f" (the data axis times micro-batches"
+                         f" (the data axis times the recipe's gradient-accumulation micro-batches"
                          + (f" times the pipeline's microbatches:{layout.microbatches})"
                             if layout.pipeline > 1 else ")"))
     if layout.pipeline > 1 and _resolve_memory(args, args.recipe).precision != "f32":
