@@ -25,7 +25,7 @@ import os
 import platform
 import textwrap
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Mapping, Optional, Sequence
 
 from gclab import devices
 from gclab.config import ModelConfig, TaskConfig
@@ -543,3 +543,117 @@ def planned_and_measured(configs, *, plans=None, usable: Optional[int] = None,
                      "measured_over_plan": None if peak is None else peak / total,
                      "measured": _format(peak) if peak is not None else why})
     return pd.DataFrame(rows).set_index("configuration")
+
+
+def planned_and_measured_table(beside) -> tuple:
+    """`planned_and_measured`'s result, formatted for the page.
+
+    Returns:
+      `(table, notes)`: the table has ``XLA plan`` (arguments, outputs and temp),
+      ``of which temp``, ``measured peak`` and ``measured / plan`` (2 digits), with "n/a"
+      where nothing was measured; `notes` lists, once each, why a peak is missing (one
+      line per reason, for the text under the table), empty where every peak was measured.
+    """
+    import pandas as pd
+
+    measured = beside["measured_peak_bytes"].notna()
+    table = pd.DataFrame({
+        "XLA plan": beside["plan_bytes"].map(_format),
+        "of which temp": beside["temp_bytes"].map(_format),
+        "measured peak": [_format(v) if ok else "n/a"
+                          for v, ok in zip(beside["measured_peak_bytes"], measured)],
+        "measured / plan": [f"{v:.2f}" if ok else "n/a"
+                            for v, ok in zip(beside["measured_over_plan"], measured)],
+    }, index=beside.index)
+    notes = list(dict.fromkeys(beside.loc[~measured, "measured"]))
+    return table, notes
+
+
+# ------------------------------------------------------------------ timings and their spread
+
+
+@dataclasses.dataclass(frozen=True)
+class TimeComparison:
+    """Two sets of timings of the same work, compared with their run-to-run spread.
+
+    Attributes:
+      subject: the name of the timings judged.
+      reference: the name of the timings it is judged against.
+      ratio: median subject seconds / median reference seconds.
+      spread: the larger relative spread, (slowest - fastest) / median, of the two.
+      verdict: ``faster than`` or ``slower than`` when every run of one took less time than
+        every run of the other; otherwise ``within the run-to-run spread of`` (a tie: the
+        two ranges overlap).
+    """
+
+    subject: str
+    reference: str
+    ratio: float
+    spread: float
+    verdict: str
+
+    @property
+    def distinct(self) -> bool:
+        """Whether the difference is larger than the spread (the ranges do not overlap)."""
+        return self.verdict != "within the run-to-run spread of"
+
+
+def _relative_spread(seconds: Sequence[float]) -> float:
+    import statistics
+
+    return (max(seconds) - min(seconds)) / statistics.median(seconds)
+
+
+def compare_times(samples: Mapping[str, Sequence[float]], subject: str,
+                  reference: str) -> TimeComparison:
+    """Says whether `subject` ran faster or slower than `reference`, or within the noise.
+
+    A difference counts only when the two ranges of timings do not overlap: on a shared
+    machine, a median a few per cent apart is not a result. Time the two alternately
+    (one run of each per round), so that a change in the machine's load hits both.
+
+    Args:
+      samples: seconds per run, by name (two runs at least each).
+      subject: the name judged.
+      reference: the name it is judged against.
+
+    Raises:
+      ValueError: a name missing from `samples`, fewer than two timings, or a timing that
+        is not a positive number.
+    """
+    import statistics
+
+    for name in (subject, reference):
+        if name not in samples:
+            raise ValueError(f"compare_times: no timings named {name!r}; have "
+                             + ", ".join(map(repr, samples)))
+        seconds = list(samples[name])
+        if len(seconds) < 2 or not all(isinstance(t, (int, float)) and t > 0 for t in seconds):
+            raise ValueError(f"compare_times: {name!r} needs two or more positive timings, "
+                             f"got {seconds!r}")
+    a, b = list(samples[subject]), list(samples[reference])
+    if max(a) < min(b):
+        verdict = "faster than"
+    elif min(a) > max(b):
+        verdict = "slower than"
+    else:
+        verdict = "within the run-to-run spread of"
+    return TimeComparison(subject, reference, statistics.median(a) / statistics.median(b),
+                          max(_relative_spread(a), _relative_spread(b)), verdict)
+
+
+def time_table(samples: Mapping[str, Sequence[float]]):
+    """Median, fastest and slowest run and relative spread of each set of timings.
+
+    Returns:
+      A DataFrame indexed by name: ``median_seconds``, ``fastest_seconds``,
+      ``slowest_seconds``, ``spread`` ((slowest - fastest) / median) and ``runs``.
+    """
+    import statistics
+
+    import pandas as pd
+
+    return pd.DataFrame([{"name": k, "median_seconds": statistics.median(v),
+                          "fastest_seconds": min(v), "slowest_seconds": max(v),
+                          "spread": _relative_spread(v), "runs": len(v)}
+                         for k, v in samples.items()]).set_index("name")

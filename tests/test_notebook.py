@@ -157,3 +157,60 @@ def test_gpu_recordings_are_shown_with_hardware_date_and_ratio(tmp_path):
     assert list(table["configuration"]) == ["lean", "none"]
     assert table["measured peak"][0] == "11.00 GiB" and table["measured / plan"][0] == 1.1
     assert table["measured peak"][1] == "n/a" and "does not fit" in table["on the card"][1]
+
+
+def test_compare_times_names_a_winner_only_beyond_the_spread():
+    from gclab.notebook import compare_times, time_table
+
+    samples = {"f32": [1.0, 1.1, 1.2], "bf16": [1.5, 1.6, 1.8], "noisy": [0.9, 1.15, 1.6]}
+    slower = compare_times(samples, "bf16", "f32")
+    assert slower.verdict == "slower than" and slower.distinct
+    assert slower.ratio == pytest.approx(1.6 / 1.1)
+    assert slower.spread == pytest.approx(0.3 / 1.6)  # bf16's range is the wider one
+    assert compare_times(samples, "f32", "bf16").verdict == "faster than"
+    # Overlapping ranges: a tie, whatever the medians say.
+    tie = compare_times(samples, "noisy", "f32")
+    assert tie.verdict == "within the run-to-run spread of" and not tie.distinct
+    assert tie.ratio == pytest.approx(1.15 / 1.1)
+    table = time_table(samples)
+    assert list(table.index) == ["f32", "bf16", "noisy"]
+    assert table.loc["noisy", "fastest_seconds"] == 0.9
+    assert table.loc["noisy", "slowest_seconds"] == 1.6
+    assert table.loc["f32", "spread"] == pytest.approx(0.2 / 1.1)
+    assert table.loc["bf16", "runs"] == 3
+
+
+@pytest.mark.parametrize("samples, message", [
+    ({"a": [1.0, 2.0]}, "no timings named 'b'"),
+    ({"a": [1.0, 2.0], "b": [1.0]}, "'b' needs two or more positive timings"),
+    ({"a": [1.0, 2.0], "b": [1.0, -1.0]}, "'b' needs two or more positive timings"),
+])
+def test_compare_times_refuses_what_it_cannot_judge(samples, message):
+    from gclab.notebook import compare_times
+
+    with pytest.raises(ValueError, match=message):
+        compare_times(samples, "a", "b")
+
+
+def test_planned_and_measured_table_formats_bytes_and_says_once_why_a_peak_is_missing():
+    import pandas as pd
+
+    from gclab.notebook import planned_and_measured_table
+
+    beside = pd.DataFrame({
+        "configuration": ["f32", "bf16", "huge"],
+        "plan_bytes": [2 * 2**30, 2**30, 90 * 2**30], "temp_bytes": [2**30, 2**29, 80 * 2**30],
+        "measured_peak_bytes": [None, 1.5 * 2**30, None],
+        "measured_over_plan": [None, 1.5, None],
+        "measured": ["run failed (error): boom", "1.50 GiB", "run failed (error): boom"],
+    }).set_index("configuration")
+    table, notes = planned_and_measured_table(beside)
+    assert list(table.columns) == ["XLA plan", "of which temp", "measured peak",
+                                   "measured / plan"]
+    assert table.loc["f32", "XLA plan"] == "2.00 GiB"
+    assert table.loc["f32", "of which temp"] == "1.00 GiB"
+    assert table.loc["bf16", "measured peak"] == "1.50 GiB"
+    assert table.loc["bf16", "measured / plan"] == "1.50"
+    assert table.loc["huge", "measured peak"] == "n/a" == table.loc["huge", "measured / plan"]
+    assert notes == ["run failed (error): boom"]
+    assert planned_and_measured_table(beside.loc[["bf16"]])[1] == []
