@@ -9,11 +9,14 @@ they are shown as plans, and at least one of them must fit so that the chapter s
 something to run. A chapter that would run out of memory on a T4 fails here.
 
 Cost on two cores: compiles are cached per configuration across classes (the 16, 24 and
-40 GB classes share most of theirs). Chapter 6's grid is checked through its largest cell
-(every cell has fewer steps and a smaller latent on the same geometry, so less memory; the
-``cpu`` class checks that order on its whole grid). The 0.25 deg bfloat16 step of chapter 7
-takes minutes to compile on XLA:CPU, so it is read from the recorded compiled figures
-shipped with gclab (`gclab/recordings/memory-cpu.json`), where the same step is recorded.
+40 GB classes share most of theirs, and the tests of chapter 3 at the cpu and 16 GB classes
+those of the parametrised cases), in one process: the module's tests share one xdist
+worker (`xdist_group`, with `--dist loadgroup`), so no configuration is compiled twice.
+Chapter 6's grid is checked through its largest cell (every cell has fewer steps and a
+smaller latent on the same geometry, so less memory; the ``cpu`` class checks that order on
+its whole grid). The 0.25 deg bfloat16 step of chapter 7 takes minutes to compile on
+XLA:CPU, so it is read from the recorded compiled figures shipped with gclab
+(`gclab/recordings/memory-cpu.json`), where the same step is recorded.
 """
 
 from __future__ import annotations
@@ -28,6 +31,8 @@ from gclab.memory import get_recipe
 from gclab.notebook import SCALE_TABLE, SCALES, live_configs, run_if_fits
 from gclab.recordings import recorded
 from gclab.sizing import StepSpec, train_step_memory
+
+pytestmark = pytest.mark.xdist_group("device-classes")
 
 CHAPTERS = ("01", "02", "03", "04", "05", "06", "07")
 

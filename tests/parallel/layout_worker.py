@@ -1,10 +1,13 @@
 """Loss and gradients of a tiny model under several layouts, against one device (a worker).
 
-Run as `python layout_worker.py N ROLLOUT LAYOUT@MEMORY[;LAYOUT@MEMORY...]` in a fresh
-process: it asks for N simulated CPU devices before JAX starts, and for each layout
-(`data:A,spatial:B`) and memory setting (see `memory_of`) computes the loss and gradients
-on one device and under the layout, and prints one JSON line with the largest relative
-differences. Compiles skip LLVM optimisation (`plan_only_options`), which keeps them fast.
+Run as `python layout_worker.py N LAYOUT@MEMORY@ROLLOUT[;LAYOUT@MEMORY@ROLLOUT...]` in a
+fresh process: it asks for N simulated CPU devices before JAX starts, and for each case (a
+layout `data:A,spatial:B` on the first A * B devices, a memory setting, see `memory_of`, and
+a rollout length) computes the loss and gradients on one device and under the layout, and
+prints one JSON line with the largest relative differences. One process runs every case, so
+JAX starts, the graphs are built and the model initialised once, and each one-device
+reference (one per memory setting and rollout) is compiled once. Compiles skip LLVM
+optimisation (`plan_only_options`), which keeps them fast.
 """
 
 from __future__ import annotations
@@ -64,34 +67,47 @@ def loss_and_grad(args, memory: MemoryConfig, rollout: int, weights: tuple):
 
 
 def main() -> None:
-    rollout, batch = int(sys.argv[2]), 4
+    batch = 4
     graphs = graphs_for(TINY)
     graph = graph_inputs(graphs)
-    weather = training.SyntheticWeather(TASK, TINY.resolution, seed=3)
-    example = weather.make_batch(batch, rollout)
     net = make_network(TINY, TASK.data_channels, TASK.output_channels)
-    params = net.init(jax.random.PRNGKey(0), graph, example.inputs)
     weights = training.loss_weights(TASK, graphs.grid_lat, graphs.n_lon)
-    for item in sys.argv[3].split(";"):
-        spec, memory_name = item.split("@")
+    examples, references = {}, {}
+
+    def example_of(rollout: int):
+        if rollout not in examples:  # the same batch as a process of its own would draw
+            weather = training.SyntheticWeather(TASK, TINY.resolution, seed=3)
+            examples[rollout] = weather.make_batch(batch, rollout)
+        return examples[rollout]
+
+    params = net.init(jax.random.PRNGKey(0), graph, example_of(1).inputs)
+
+    def reference(memory: MemoryConfig, rollout: int):
+        """One device's loss and gradient leaves, computed once per setting and rollout."""
+        if (memory, rollout) not in references:
+            loss, grads = loss_and_grad((params, graph, example_of(rollout)), memory, rollout,
+                                        weights)
+            references[memory, rollout] = loss, jax.tree_util.tree_leaves(grads)
+        return references[memory, rollout]
+
+    for item in sys.argv[2].split(";"):
+        spec, memory_name, rollout_text = item.split("@")
+        rollout = int(rollout_text)
         layout, memory = parse_parallel_spec(spec), memory_of(memory_name)
-        ref_loss, ref_grads = loss_and_grad((params, graph, example), memory, rollout, weights)
-        ref_leaves = jax.tree_util.tree_leaves(ref_grads)
+        ref_loss, ref_leaves = reference(memory, rollout)
         mesh = make_mesh(layout)
         with use_layout(mesh, layout.mesh_nodes):
-            loss, grads = loss_and_grad(place_step_args(mesh, params, graph, example), memory,
-                                        rollout, weights)
+            loss, grads = loss_and_grad(place_step_args(mesh, params, graph, example_of(rollout)),
+                                        memory, rollout, weights)
         leaves = jax.tree_util.tree_leaves(grads)
         rel = max(float(np.max(np.abs(a - b)) / (np.max(np.abs(b)) + 1e-30))
                   for a, b in zip(leaves, ref_leaves))
-        record = {"layout": layout.spec, "memory": memory_name, "loss": float(loss),
-                  "ref_loss": float(ref_loss),
+        record = {"case": item, "layout": layout.spec, "memory": memory_name,
+                  "rollout": rollout, "loss": float(loss), "ref_loss": float(ref_loss),
                   "loss_rel": abs(float(loss) - float(ref_loss)) / abs(float(ref_loss)),
                   "grad_rel": rel, "grad_norm_rel": norm_rel(leaves, ref_leaves)}
         if memory.precision != "f32":  # also against one device's float32 baseline
-            f32_loss, f32_grads = loss_and_grad((params, graph, example),
-                                                memory.replace(precision="f32"), rollout, weights)
-            f32_leaves = jax.tree_util.tree_leaves(f32_grads)
+            f32_loss, f32_leaves = reference(memory.replace(precision="f32"), rollout)
             record.update(
                 loss_rel_f32=abs(float(loss) - float(f32_loss)) / abs(float(f32_loss)),
                 grad_norm_rel_f32=norm_rel(leaves, f32_leaves),

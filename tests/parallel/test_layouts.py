@@ -1,7 +1,11 @@
 """Every layout gives one device's loss and gradients (float32, 1e-5 relative).
 
-Each case runs `layout_worker.py` in a fresh process with N simulated CPU devices (the
-device count must be set before JAX starts). Tiny model: 6 deg, 2 splits, 2 x 16.
+Every case runs in `layout_worker.py`, a fresh process with 8 simulated CPU devices (the
+device count must be set before JAX starts; a layout of N devices runs on the first N).
+The cases of all tests run in one such process (`layout_results`, once per module: JAX
+starts, the graphs are built and each one-device reference is compiled once, not once per
+test), and each test checks its own cases; the module's tests share one xdist worker
+(`xdist_group`, with `--dist loadgroup`). Tiny model: 6 deg, 2 splits, 2 x 16.
 """
 
 from __future__ import annotations
@@ -25,31 +29,59 @@ BF16_GRAD_TOL = 1e-1
 BF16_COSINE = 0.995
 
 
-def run_worker(devices: int, rollout: int, cases: str) -> list[dict]:
+DEVICES = 8
+FLOAT32_CASES = [
+    (2, "data:2,spatial:1@none;data:1,spatial:2@none;"
+        "data:1,spatial:2,mesh-nodes:replicated@blocks-remat"),
+    (1, "data:2,spatial:2@blocks-remat;data:1,spatial:4@lean"),
+    (1, "data:2,spatial:4@blocks-remat;data:1,spatial:8@none"),
+]
+BFLOAT16_CASES = (1, "data:2,spatial:2@bf16;data:1,spatial:4@lean-bf16")
+
+pytestmark = pytest.mark.xdist_group("layouts")
+
+
+def items(rollout: int, cases: str) -> list[str]:
+    """The worker's `LAYOUT@MEMORY@ROLLOUT` items of `cases`."""
+    return [f"{case}@{rollout}" for case in cases.split(";")]
+
+
+def run_worker(devices: int, cases: list[str]) -> dict[str, dict]:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p))
-    proc = subprocess.run([sys.executable, str(WORKER), str(devices), str(rollout), cases],
+    proc = subprocess.run([sys.executable, str(WORKER), str(devices), ";".join(cases)],
                           capture_output=True, text=True, env=env, timeout=1500)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    records = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    return {r["case"]: r for r in records}
 
 
-@pytest.mark.parametrize("devices, rollout, cases", [
-    (2, 2, "data:2,spatial:1@none;data:1,spatial:2@none;"
-           "data:1,spatial:2,mesh-nodes:replicated@blocks-remat"),
-    (4, 1, "data:2,spatial:2@blocks-remat;data:1,spatial:4@lean"),
-    (8, 1, "data:2,spatial:4@blocks-remat;data:1,spatial:8@none"),
-])
-def test_layout_matches_one_device(devices, rollout, cases):
-    results = run_worker(devices, rollout, cases)
+@pytest.fixture(scope="module")
+def layout_results() -> dict[str, dict]:
+    """Every case of this module, run by one worker process."""
+    cases = [c for rollout, spec in (*FLOAT32_CASES, BFLOAT16_CASES)
+             for c in items(rollout, spec)]
+    return run_worker(DEVICES, cases)
+
+
+def results_of(layout_results: dict, rollout: int, cases: str) -> list[dict]:
+    wanted = items(rollout, cases)
+    missing = [c for c in wanted if c not in layout_results]
+    assert not missing, f"the worker reported nothing for {missing}"
+    return [layout_results[c] for c in wanted]
+
+
+@pytest.mark.parametrize("rollout, cases", FLOAT32_CASES)
+def test_layout_matches_one_device(layout_results, rollout, cases):
+    results = results_of(layout_results, rollout, cases)
     assert len(results) == len(cases.split(";"))
     for r in results:
         assert r["loss_rel"] < TOLERANCE, r
         assert r["grad_rel"] < TOLERANCE, r
 
 
-def test_bfloat16_layouts_stay_within_the_bfloat16_tolerances():
-    results = run_worker(4, 1, "data:2,spatial:2@bf16;data:1,spatial:4@lean-bf16")
+def test_bfloat16_layouts_stay_within_the_bfloat16_tolerances(layout_results):
+    results = results_of(layout_results, *BFLOAT16_CASES)
     assert len(results) == 2
     for r in results:
         assert r["grad_norm_rel"] < BF16_LAYOUT_GRAD_NORM_REL, r

@@ -2,6 +2,9 @@
 
 Runs that need several (simulated) devices start fresh processes: JAX's CPU device count
 is fixed when it starts. Compiles skip LLVM optimisation (`XLA_FLAGS`) to stay quick.
+The processes write every compile to JAX's persistent cache (tests/conftest.py sets its
+directory), not only those over JAX's default second: the tiny model's steps compile in
+less, and the runs of one test compile the same steps again.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ TIMEOUT = 900
 
 def gclab(*argv: str, extra_env: dict | None = None, wait: bool = True):
     env = dict(os.environ, XLA_FLAGS="--xla_backend_optimization_level=0",
+               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
                PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH"))
                                           if p), **(extra_env or {}))
     cmd = [sys.executable, "-m", "gclab", *argv]
