@@ -235,11 +235,12 @@ def plan_layout(budget: Union[int, float, str], model: ModelConfig, task: TaskCo
     if best is None:
         sized = [c for c in candidates if not c.get("skipped")]
         if not sized:
-            raise NothingFits(f"no layout of {devices} devices divides batch {batch}")
+            raise NothingFits(f"no layout of {devices} devices divides batch {batch}",
+                              candidates)
         least = min(sized, key=lambda c: c["per_device_bytes"])
         raise NothingFits(f"nothing fits {FIT_MARGIN:.0%} of {format_bytes(usable)} usable per "
                           f"device: the smallest is "
                           f"{least['parallel']} with {least['recipe']}, "
-                          f"{format_bytes(least['per_device_bytes'])} per device")
+                          f"{format_bytes(least['per_device_bytes'])} per device", candidates)
     spec, recipe, seconds, need = best
     return LayoutPlan(spec, recipe, need, seconds, usable, speeds_of, candidates)

@@ -57,7 +57,16 @@ EDGE_BLOCK = 65536
 
 
 class NothingFits(ValueError):
-    """No candidate setting fits the budget."""
+    """No candidate setting fits the budget.
+
+    Attributes:
+      candidates: what was sized (the planner's candidate rows), so that a caller can
+        show how far each one is from fitting; empty where the planner keeps none.
+    """
+
+    def __init__(self, message: str, candidates: Optional[list] = None):
+        super().__init__(message)
+        self.candidates = list(candidates or [])
 
 
 def parse_budget(budget: Union[int, float, str]) -> int:

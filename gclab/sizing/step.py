@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -254,7 +254,8 @@ def check_step_size(spec: StepSpec, graphs: Optional[Graphs] = None) -> None:
 def compile_train_step(spec: StepSpec, graphs: Optional[Graphs] = None, *,
                        timeline: bool = False, live: bool = False,
                        seed: int = 0,
-                       run_if: Optional[Callable[[StepMemory], bool]] = None) -> CompiledStep:
+                       run_if: Optional[Callable[[StepMemory], bool]] = None,
+                       devices: Optional[Sequence] = None) -> CompiledStep:
     """Compiles one training step of `spec` once, for any of memory, timeline and runs.
 
     Args:
@@ -266,6 +267,8 @@ def compile_train_step(spec: StepSpec, graphs: Optional[Graphs] = None, *,
       seed: seed of the random state and batch when `live`.
       run_if: with `live`, a test of the compiled memory: when it returns False, nothing
         is allocated and the returned step has no `run` (a plan that does not fit).
+      devices: the devices of a layout's mesh (default `jax.devices()`); e.g. a machine
+        with one GPU plans a layout of 8 on its simulated CPU devices, `jax.devices("cpu")`.
 
     Returns:
       A `CompiledStep`.
@@ -282,7 +285,7 @@ def compile_train_step(spec: StepSpec, graphs: Optional[Graphs] = None, *,
     step, base = train_step_abstract(spec, graphs)
     args, mesh = base, None
     if spec.parallel.devices > 1:
-        mesh = make_mesh(spec.parallel)
+        mesh = make_mesh(spec.parallel, devices)
         args = training.abstract_step_args(mesh, *base)
     donate = (0,) if spec.memory.donate else ()
     options = None if live else plan_only_options()

@@ -1,0 +1,107 @@
+"""The layout planner's choice for the published model on three clusters.
+
+`gclab plan --devices` (`gclab.sizing.layout_plan.plan_layout`) for GraphCast at 0.25 deg,
+37 levels, 16 x 512, one target step, on
+
+* 8 x 16 GB (V100-16GB), 8 x 40 GB (A100-40GB), and
+* 32 x 32 GiB (TPU v4, the chips GraphCast was trained on),
+
+each at a global batch of 1 (one sample split over the devices) and of one sample per
+device (GraphCast's training batch was 32 on 32 chips), in float32 and bfloat16. Every
+layout x recipe candidate is compiled from shapes on simulated CPU devices (set before
+JAX starts), so per-device memory is XLA:CPU's compiled total (arguments + outputs +
+temp); step times are the planner's ranking with the card's published speeds (TPU v4 has
+no entry in `gclab.sizing.speed.CARD_SPEEDS`: it is ranked with the reference card's, and
+the record says so). Where nothing fits, the record keeps every candidate with its size.
+
+Writes `benchmarks/results/cluster-plans-cpu.json` (rows as they are planned) and the same
+file into `gclab/recordings/` (package data), which chapter 8 reads.
+
+    python benchmarks/cluster_plans.py                    # every cluster, batch, precision
+    python benchmarks/cluster_plans.py --clusters 8xA100-40GB --precisions f32
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import jax
+
+MAX_DEVICES = 32
+jax.config.update("jax_num_cpu_devices", MAX_DEVICES)
+
+from gclab.config import get_preset  # noqa: E402
+from gclab.measure import format_bytes, machine  # noqa: E402
+from gclab.sizing.layout_plan import plan_layout  # noqa: E402
+from gclab.sizing.planner import NothingFits  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+NAME = "cluster-plans-cpu"
+OUTPUTS = (ROOT / "benchmarks" / "results" / f"{NAME}.json",
+           ROOT / "gclab" / "recordings" / f"{NAME}.json")
+# name: (devices, card)
+CLUSTERS = {"8xV100-16GB": (8, "V100-16GB"), "8xA100-40GB": (8, "A100-40GB"),
+            "32xTPU-v4": (32, "TPU-v4")}
+
+
+def plan_row(cluster: str, preset: str, batch: int, precision: str,
+             recipes: list[str]) -> dict:
+    """One planner run: the choice, or why nothing fits, and every candidate."""
+    devices, card = CLUSTERS[cluster]
+    p = get_preset(preset)
+    start = time.perf_counter()
+    row = {"cluster": cluster, "devices": devices, "card": card, "preset": preset,
+           "batch": batch, "precision": precision, "recipes": recipes}
+    try:
+        plan = plan_layout(card, p.model, p.task, devices, batch=batch, precision=precision,
+                           recipes=recipes)
+        row.update(plan.to_dict(), fits=True, explanation=plan.explain())
+    except NothingFits as e:
+        row.update(fits=False, explanation=str(e), candidates=e.candidates)
+    row["seconds"] = round(time.perf_counter() - start, 1)
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--clusters", default=",".join(CLUSTERS),
+                        help=f"comma-separated, of {', '.join(CLUSTERS)}")
+    parser.add_argument("--preset", default="graphcast")
+    parser.add_argument("--precisions", default="f32,bf16")
+    parser.add_argument("--recipes", default="none,per-step,deepmind,lean")
+    parser.add_argument("--batches", default="1,devices",
+                        help="global batches: numbers, or 'devices' (one sample each)")
+    args = parser.parse_args()
+    clusters = [c.strip() for c in args.clusters.split(",")]
+    for c in clusters:
+        if c not in CLUSTERS:
+            parser.error(f"--clusters: {c!r} is not one of {', '.join(CLUSTERS)}")
+    record = {"hardware": machine(simulated_devices=jax.device_count()),
+              "what": "gclab plan --devices: per-device compiled total on XLA:CPU; "
+                      "predicted seconds rank candidates with the card's published "
+                      "speeds (the reference card's where the card has none)",
+              "rows": []}
+    for cluster in clusters:
+        devices = CLUSTERS[cluster][0]
+        for precision in args.precisions.split(","):
+            for b in args.batches.split(","):
+                batch = devices if b == "devices" else int(b)
+                row = plan_row(cluster, args.preset, batch, precision,
+                               args.recipes.split(","))
+                record["rows"].append(row)
+                said = row["explanation"].splitlines()[1 if row["fits"] else 0]
+                print(f"{cluster} batch {batch} {precision}: {said} ({row['seconds']} s)",
+                      flush=True)
+                text = json.dumps(record, indent=1, default=str)
+                for out in OUTPUTS:
+                    out.write_text(text)
+    best = [r for r in record["rows"] if r["fits"]]
+    print(f"{len(best)} of {len(record['rows'])} plans fit; largest per device "
+          f"{format_bytes(max((r['per_device_bytes'] for r in best), default=0))}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,127 @@
+"""Does a layout keep the function? Loss and gradients on a layout against one device.
+
+Splitting a step over devices (`gclab.parallel`) must not change what it computes: the
+loss and every gradient must equal one device's up to the order of float32 sums.
+`LayoutCheck` builds one model, one seeded batch of synthetic weather and one set of
+parameters, computes the loss and gradients on one device once, and then on any layout
+(`against`), and reports the largest differences. The test suite checks every layout with
+it (`tests/measure/test_agreement.py`, `tests/parallel/`); chapter 8 shows it live.
+
+Compiles skip LLVM's optimisation passes (`plan_only_options`): the arithmetic XLA
+emits is the same, and a check compiles in seconds instead of tens of seconds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Optional, Sequence
+
+import jax
+import numpy as np
+
+from gclab import training
+from gclab.config import ModelConfig, TaskConfig
+from gclab.geometry.graphs import graphs_for
+from gclab.measure.compiled import plan_only_options
+from gclab.memory.config import MemoryConfig
+from gclab.model.graphcast import graph_inputs, make_network
+from gclab.parallel.config import ParallelConfig
+from gclab.parallel.sharding import make_mesh, use_layout
+
+
+@dataclasses.dataclass(frozen=True)
+class Agreement:
+    """One layout's loss and gradients against one device's.
+
+    Attributes:
+      layout: the layout (`ParallelConfig.spec`).
+      loss, reference_loss: the layout's loss and one device's.
+      loss_rel: |loss - reference| / |reference|.
+      grad_rel: the largest, over the parameter arrays, of max |g - g_ref| / max |g_ref|.
+      grad_norm_rel: |g - g_ref| / |g_ref| over all gradients as one vector.
+    """
+    layout: str
+    loss: float
+    reference_loss: float
+    loss_rel: float
+    grad_rel: float
+    grad_norm_rel: float
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _flat(leaves) -> np.ndarray:
+    return np.concatenate([np.ravel(np.asarray(a, np.float64)) for a in leaves])
+
+
+def compare_leaves(leaves: Sequence, reference: Sequence) -> tuple[float, float]:
+    """`(grad_rel, grad_norm_rel)` of gradient leaves against reference leaves."""
+    if len(leaves) != len(reference):
+        raise ValueError(f"{len(leaves)} gradient arrays against {len(reference)}")
+    worst = max(float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64)))
+                      / (np.max(np.abs(np.asarray(b, np.float64))) + 1e-30))
+                for a, b in zip(leaves, reference))
+    a, b = _flat(leaves), _flat(reference)
+    return worst, float(np.linalg.norm(a - b) / np.linalg.norm(b))
+
+
+class LayoutCheck:
+    """Loss and gradients of one model and batch on layouts, against one device.
+
+    Args:
+      model, task: the model (small ones: every check runs the step for real).
+      memory: memory techniques (default none); the same on one device and on layouts.
+      batch: the global batch (a layout's data axis and micro-batches must divide it).
+      seed: seed of the parameters and of the synthetic weather.
+      devices: the devices layouts run on (default `jax.devices()`); the reference runs
+        on the first of them.
+    """
+
+    def __init__(self, model: ModelConfig, task: TaskConfig,
+                 memory: Optional[MemoryConfig] = None, batch: int = 4, seed: int = 0,
+                 devices: Optional[Sequence] = None):
+        self.model, self.task = model, task
+        self.memory = memory or MemoryConfig()
+        self.devices = list(devices if devices is not None else jax.devices())
+        graphs = graphs_for(model)
+        self.graph = graph_inputs(graphs)
+        self.example = training.SyntheticWeather(task, model.resolution,
+                                                 seed=seed).make_batch(batch, 1)
+        self.weights = training.loss_weights(task, graphs.grid_lat, graphs.n_lon)
+        net = make_network(model, task.data_channels, task.output_channels, self.memory)
+        with jax.default_device(self.devices[0]):
+            self.params = net.init(jax.random.PRNGKey(seed), self.graph, self.example.inputs)
+        self._fn = functools.partial(training.loss_and_grad, memory=self.memory, net=net,
+                                     task=task, rollout=1, weights=self.weights)
+        self._reference: Optional[tuple] = None
+
+    def _run(self, args) -> tuple[float, list]:
+        compiled = jax.jit(self._fn).lower(*args).compile(plan_only_options())
+        loss, grads = jax.device_get(compiled(*args))
+        return float(loss), jax.tree_util.tree_leaves(grads)
+
+    def reference(self) -> tuple[float, list]:
+        """One device's loss and gradient leaves (computed once)."""
+        if self._reference is None:
+            args = jax.device_put((self.params, self.graph, self.example), self.devices[0])
+            self._reference = self._run(args)
+        return self._reference
+
+    def against(self, layout: ParallelConfig) -> Agreement:
+        """The loss and gradients on `layout` against one device's.
+
+        Raises:
+          ValueError: the layout needs more devices than given, or does not divide the
+            batch.
+        """
+        ref_loss, ref_leaves = self.reference()
+        mesh = make_mesh(layout, self.devices)
+        training.check_batch(mesh, self.example.inputs.shape[1], self.memory, layout)
+        with use_layout(mesh, layout):
+            loss, leaves = self._run(training.place_step_args(mesh, self.params, self.graph,
+                                                              self.example))
+        grad_rel, norm_rel = compare_leaves(leaves, ref_leaves)
+        return Agreement(layout.spec, loss, ref_loss, abs(loss - ref_loss) / abs(ref_loss),
+                         grad_rel, norm_rel)
