@@ -36,7 +36,7 @@ def test_toc_lists_every_notebook_of_the_book():
     assert (ROOT / f"{TOC['root']}.md").is_file()
     assert all((ROOT / f"{page}.ipynb").is_file() or (ROOT / f"{page}.md").is_file()
                for page in PAGES)
-    assert len([c for c in CHAPTERS if re.match(r"book/0\d_", c)]) == 7
+    assert len([c for c in CHAPTERS if re.match(r"book/0\d_", c)]) == 8
 
 
 def test_build_executes_with_a_cache_and_offers_colab():
