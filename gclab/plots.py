@@ -38,6 +38,8 @@ __all__ = [
     "plot_fit_chart",
     "plan_limits_gb",
     "plot_heatmap",
+    "plot_layout_memory",
+    "plot_stage_memory",
     "plot_multimesh",
     "plot_residuals",
     "plot_timeline",
@@ -572,4 +574,58 @@ def plot_graph_neighbourhood(graphs: Graphs, *, mesh_node_near: tuple[float, flo
                title=f"grid2mesh edges into one mesh node (green: {len(g2m)}), "
                      f"mesh2grid edges into one grid node (red: {len(m2g)})")
         ax.legend(loc="lower left")
+    return fig
+
+
+def plot_layout_memory(df: pd.DataFrame, one_device_temp: float) -> Figure:
+    """Per-device temp against device count, one line per layout (chapter 8).
+
+    Args:
+      df: rows with columns ``layout``, ``devices`` and ``temp / device`` (bytes).
+      one_device_temp: one device's temp, drawn as the 1 / D line an even split would give.
+
+    Returns:
+      The figure (log-log axes, devices ticked at powers of two).
+    """
+    with style():
+        fig, ax = plt.subplots(figsize=(7, 3.8))
+        for kind, part in df.groupby("layout", sort=False):
+            ax.plot(part["devices"], part["temp / device"], "o-", label=kind)
+        most = int(df["devices"].max())
+        ax.plot([1, most], [one_device_temp, one_device_temp / most], "k:",
+                label="1 / D of one device")
+        ticks = [2 ** i for i in range(most.bit_length())]
+        ax.set(xscale="log", yscale="log", xlabel="devices", ylabel="temp per device",
+               title="Per-device temp of one training step, by layout")
+        ax.set_xticks(ticks, [str(t) for t in ticks])
+        bytes_axis(ax.yaxis)
+        ax.legend(fontsize=8)
+    return fig
+
+
+def plot_stage_memory(series: Mapping[str, Sequence[float]], budget: float,
+                      title: str = "") -> Figure:
+    """Each pipeline stage's memory for several choices side by side, with the budget.
+
+    Args:
+      series: choice name -> bytes per stage (every choice has the same stage count).
+      budget: the per-stage budget, drawn as a dotted line.
+      title: the axes' title.
+
+    Returns:
+      The figure: one group of bars per stage.
+    """
+    counts = {len(v) for v in series.values()}
+    if len(counts) != 1:
+        raise ValueError(f"every choice needs the same number of stages, got {sorted(counts)}")
+    stages = np.arange(counts.pop())
+    width = 0.8 / len(series)
+    with style():
+        fig, ax = plt.subplots(figsize=(7, 3.2))
+        for i, (name, values) in enumerate(series.items()):
+            ax.bar(stages + (i - (len(series) - 1) / 2) * width, values, width, label=name)
+        ax.axhline(budget, color="k", ls=":", label="budget per stage")
+        ax.set(xlabel="stage", ylabel="compiled memory", xticks=list(stages), title=title)
+        bytes_axis(ax.yaxis)
+        ax.legend(fontsize=8)
     return fig

@@ -508,3 +508,23 @@ def test_plan_only_compile_keeps_the_memory_plan(recipe):
     for field in ("temp_size_in_bytes", "argument_size_in_bytes", "output_size_in_bytes",
                   "alias_size_in_bytes"):
         assert getattr(plan, field) == getattr(default, field), field
+
+
+def test_plot_layout_memory_draws_each_layout_and_the_even_split():
+    df = pd.DataFrame({"layout": ["spatial"] * 4 + ["data"],
+                       "devices": [1, 2, 4, 8, 8],
+                       "temp / device": [800 * MiB, 400 * MiB, 210 * MiB, 110 * MiB, 800 * MiB]})
+    fig = plots.plot_layout_memory(df, 800 * MiB)
+    lines = fig.axes[0].get_lines()
+    assert [line.get_label() for line in lines] == ["spatial", "data", "1 / D of one device"]
+    assert list(lines[-1].get_ydata()) == [800 * MiB, 100 * MiB]
+    assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == ["1", "2", "4", "8"]
+
+
+def test_plot_stage_memory_groups_bars_by_stage_and_refuses_uneven_choices():
+    fig = plots.plot_stage_memory({"one ratio": [5 * MiB, 1 * MiB, 6 * MiB],
+                                   "MILP": [5 * MiB, 4 * MiB, 5 * MiB]}, 5.5 * MiB)
+    ax = fig.axes[0]
+    assert len(ax.patches) == 6 and ax.get_lines()[0].get_ydata()[0] == 5.5 * MiB
+    with pytest.raises(ValueError, match="same number of stages"):
+        plots.plot_stage_memory({"a": [1.0], "b": [1.0, 2.0]}, 1.0)
