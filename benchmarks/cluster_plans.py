@@ -65,6 +65,20 @@ def plan_row(cluster: str, preset: str, batch: int, precision: str,
     return row
 
 
+def _key(row: dict) -> tuple:
+    return row["cluster"], row["preset"], row["batch"], row["precision"]
+
+
+def merged(rows: list, preset: str) -> list:
+    """`rows` with the recorded rows of questions not among them, in cluster order."""
+    mine = {_key(r) for r in rows}
+    old = json.loads(OUTPUTS[0].read_text())["rows"] if OUTPUTS[0].is_file() else []
+    rows = rows + [r for r in old if _key(r) not in mine]
+    order = list(CLUSTERS)
+    return sorted(rows, key=lambda r: (order.index(r["cluster"]), r["precision"] != "f32",
+                                       r["batch"]))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--clusters", default=",".join(CLUSTERS),
@@ -74,6 +88,9 @@ def main() -> None:
     parser.add_argument("--recipes", default="none,per-step,deepmind,lean")
     parser.add_argument("--batches", default="1,devices",
                         help="global batches: numbers, or 'devices' (one sample each)")
+    parser.add_argument("--append", action="store_true",
+                        help="keep the recorded rows of other questions (cluster, batch, "
+                             "precision) and replace those asked again")
     args = parser.parse_args()
     clusters = [c.strip() for c in args.clusters.split(",")]
     for c in clusters:
@@ -92,6 +109,8 @@ def main() -> None:
                 row = plan_row(cluster, args.preset, batch, precision,
                                args.recipes.split(","))
                 record["rows"].append(row)
+                if args.append:
+                    record["rows"] = merged(record["rows"], args.preset)
                 said = row["explanation"].splitlines()[1 if row["fits"] else 0]
                 print(f"{cluster} batch {batch} {precision}: {said} ({row['seconds']} s)",
                       flush=True)

@@ -287,6 +287,9 @@ def _milp(model, task, counts, usable, batch, rollout, precision, u, speed):
 
 
 @functools.lru_cache(maxsize=256)
+# Compiled once per process: plans at several budgets (a sweep of cards, say) share the
+# candidates they compile; the figures of one backend do not change within a process.
+@functools.lru_cache(maxsize=512)
 def _compiled_total(model: ModelConfig, task: TaskConfig, mem: MemoryConfig, batch: int,
                     rollout: int) -> int:
     return train_step_memory(StepSpec(model, task, mem, batch, rollout)).total_bytes
