@@ -291,7 +291,7 @@ class LiveConfig:
     """One configuration a chapter runs on the device.
 
     Attributes:
-      chapter: ``01`` .. ``07``.
+      chapter: ``01`` .. ``08``.
       label: the name the chapter shows.
       spec: the training step (a forward pass or gradient is bounded by it).
       guarded: True when the chapter runs it through `run_if_fits` (it may not fit and is
@@ -309,8 +309,7 @@ def live_configs(chapter: str, scale: Scale) -> list[LiveConfig]:
     """The configurations chapter `chapter` runs on the device at `scale`.
 
     Args:
-      chapter: ``01``, ``03``, ``05``, ``06`` or ``07`` (chapters 02 and 04 compile from
-        shapes and run only one processor step's arrays).
+      chapter: ``01`` to ``08``.
       scale: a `Scale`.
 
     Raises:
@@ -354,9 +353,16 @@ def live_configs(chapter: str, scale: Scale) -> list[LiveConfig]:
         full = get_preset("graphcast")
         return [LiveConfig("07", "graphcast lean bf16",
                            StepSpec(full.model, full.task, get_recipe("lean", "bf16")))]
-    if chapter in ("02", "04"):
-        return []
-    raise ValueError(f"chapter={chapter!r} is invalid: one of 01 to 07")
+    if chapter in ("02", "04"):  # the live model beside its plan (2.1, 4.5), where it fits
+        out = [LiveConfig(chapter, "live model", StepSpec(scale.live, task), guarded=True)]
+        if chapter == "02":  # and the compiled model of 2.1, which a card may not hold
+            out.insert(0, LiveConfig("02", "compiled model", StepSpec(scale.compiled, task),
+                                     guarded=True))
+        return out
+    if chapter == "08":  # layouts compile from shapes; the layout check runs a small model
+        small = SCALE_TABLE["cpu"].live
+        return [LiveConfig("08", "layout check (batch 4)", StepSpec(small, task, batch=4))]
+    raise ValueError(f"chapter={chapter!r} is invalid: one of 01 to 08")
 
 
 @dataclasses.dataclass(frozen=True)
