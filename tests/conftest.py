@@ -30,6 +30,7 @@ LONG_FIRST = (
     "book/05_mixed_precision.ipynb",
     "tests/parallel/test_layouts.py",
     "book/06_scaling.ipynb",
+    "book/08_beyond_one_device.ipynb",
     "tests/parallel/test_train_cli.py::test_two_processes_train_like_one_process",
     "tests/parallel/test_train_cli.py::test_resumed_run_has_the_losses",
     "book/04_xla_fusion.ipynb",
