@@ -149,14 +149,16 @@ def solve_milp(costs: StageCosts, steps: int, stages: int, microbatches: int,
                budget: float) -> Optional[StageChoice]:
     """The split and checkpointed steps of least predicted step time that fit, by MILP.
 
-    Variables `[k_0..k_{P-1}, n_0..n_{P-1}, t]`: steps and checkpointed steps (integers),
-    the tick t (continuous). Ties are broken towards fewer checkpointed steps.
+    Variables `[k_0..k_{P-1}, n_0..n_{P-1}, t, m]`: steps and checkpointed steps
+    (integers), the tick t and the largest stage's bytes m (continuous). Ties in t are
+    broken towards a smaller m (every device of the compiled step holds the largest
+    stage's), then towards fewer checkpointed steps.
 
     Returns:
       The choice, or None when nothing fits.
     """
     P, S = stages, steps
-    nv = 2 * P + 1
+    nv = 2 * P + 2  # k, n, t, m
     rows, lo, hi = [], [], []
 
     def row(entries: dict, low: float, high: float) -> None:
@@ -177,17 +179,22 @@ def solve_milp(costs: StageCosts, steps: int, stages: int, microbatches: int,
         row({P + s: 1, s: -1}, -np.inf, 0)  # n_s <= k_s
         row({s: costs.stored / unit_b, P + s: (costs.checkpointed - costs.stored) / unit_b},
             -np.inf, (budget - costs.base[kind]) / unit_b)  # the stage fits
+        row({s: costs.stored / unit_b, P + s: (costs.checkpointed - costs.stored) / unit_b,
+             2 * P + 1: -1}, -np.inf, -costs.base[kind] / unit_b)  # it is at most m
         fixed = costs.seconds(s, P, 0, 0) / unit_s
         row({s: 4 * costs.step_seconds / unit_s, P + s: costs.step_seconds / unit_s,
              2 * P: -1}, -np.inf, -fixed)  # its tick is at most t
-    # Ties: a checkpointed step costs a little, far less than any change of t.
-    tie = 1e-4 / max(1, S)
-    c = np.array([0.0] * P + [tie] * P + [1.0])
-    lower = np.array([1] * P + [0] * P + [0.0])
-    upper = np.array([S] * P + [S] * P + [np.inf])
-    integrality = np.array([1] * (2 * P) + [0])
+    # Ties: m (in budgets, at most one) costs far less than any change of t (a step), and
+    # a checkpointed step far less than a change of m by a thousandth of the budget; the
+    # solver closes the gap fully, so that the ties hold.
+    tie = 1e-8 / max(1, S)
+    c = np.array([0.0] * P + [tie] * P + [1.0, 1e-3])
+    lower = np.array([1] * P + [0] * P + [0.0, -np.inf])
+    upper = np.array([S] * P + [S] * P + [np.inf, np.inf])
+    integrality = np.array([1] * (2 * P) + [0, 0])
     res = milp(c, constraints=LinearConstraint(np.array(rows), lo, hi),
-               integrality=integrality, bounds=Bounds(lower, upper))
+               integrality=integrality, bounds=Bounds(lower, upper),
+               options={"mip_rel_gap": 0.0})
     if res.x is None:
         return None
     x = np.round(res.x).astype(int)
