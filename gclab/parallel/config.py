@@ -7,7 +7,7 @@ devices. Each axis splits something different:
 |---|---|---|---|
 | `data` | the batch | a slice of the samples; all parameters and optimizer state | an all-reduce of the gradients |
 | `spatial` | grid nodes and every edge set (grid2mesh, multimesh, mesh2grid) into contiguous blocks | 1/D of every `[Ng, B, L]` and `[E, B, L]` array; the mesh nodes whole | sums into mesh nodes all-reduced, node tables gathered before the edge gathers |
-| `pipeline` | the processor's steps into stages of consecutive steps (encoder with the first, decoder with the last); the batch into micro-batches that flow through the stages (GPipe, `gclab.parallel.pipeline`) | one stage's activations for the micro-batches in flight; all parameters | one send of a micro-batch's latents (grid, mesh nodes, mesh edges) per stage and tick |
+| `pipeline` | the processor's steps into stages of consecutive steps (encoder with the first, decoder with the last); the batch into micro-batches that flow through the stages (GPipe, `gclab.parallel.pipeline`) | the state of every tick's micro-batch (M + P - 1), one stage's activations for one tick (stages run under a checkpoint); all parameters | one send of a micro-batch's latents (grid, mesh nodes, mesh edges) per stage and tick |
 
 With `spatial` > 1, mesh nodes are split too by default (`mesh_nodes="split"`): each
 device keeps 1/D of every mesh-node latent, sums into mesh nodes become a reduce-scatter

@@ -34,12 +34,19 @@ activations), and their gradients are summed over the stages by the transpose of
 `shard_map`'s replicated inputs.
 
 Memory: in this SPMD program every device runs the same code, so each compiles to the
-same buffers: for every tick it keeps what the backward pass needs of the stage it ran,
-in a layout common to all stages (JAX merges the residuals of a switch's branches only
-where their shapes and dtypes agree; stages of different step counts or remat keep theirs
-side by side), for all M + P - 1 ticks. `gclab.sizing.pipeline_plan` sizes each stage's
-own program instead, what a device that compiles only its stage would hold;
-`benchmarks/pipeline_memory.py` records both.
+same buffers, whichever stage it runs. Every stage therefore runs under a checkpoint that
+saves nothing (GPipe's own re-materialisation, Huang et al. 2019): across ticks the
+backward pass keeps only each tick's inputs (the state received and the tick's index; the
+micro-batches are read inside the stage, so they are kept once), which are of one type
+for every stage, and it runs each tick's stage again just before that tick's backward, so
+a stage's internals, under its own remat (`ParallelConfig.stage_remat`), live during one
+tick of the backward pass. A device thus holds M + P - 1 states and the largest stage's
+one-tick internals; without the checkpoint, JAX keeps the residuals of a switch's
+branches side by side where their shapes or dtypes differ (stages of different step
+counts or remat, encoder against decoder), for all M + P - 1 ticks, far above any stage's
+own need. The price is one more forward of every stage per micro-batch.
+`gclab.sizing.pipeline_plan` sizes each stage's program the same way, and
+`benchmarks/pipeline_memory.py` records both with the compiled whole step.
 
 Shapes: M micro-batches, P stages, T = M + P - 1 ticks; a stage's state and output are
 whatever its functions take and return.
@@ -112,9 +119,23 @@ def gpipe(stages: Sequence[Callable], params: Any, xs: Any, state: Any,
     ticks = M + P - 1
     forward = [(i, i + 1) for i in range(P - 1)]  # stage s sends to stage s + 1
 
-    # Every stage's results differ from device to device (`shard_map`'s varying type), so
-    # that the branches of the switch below have one type.
-    branches = [lambda *args, stage=stage: _varying(stage(*args)) for stage in stages]
+    def branch(stage):
+        # Each stage runs under a checkpoint that saves nothing (GPipe's
+        # re-materialisation): the backward pass keeps only each tick's inputs and runs the
+        # stage again, tick by tick, before its backward. The micro-batch is read inside, so
+        # that those inputs are the state received and the tick (the micro-batches are
+        # kept once, not once per tick). They are of one type for every stage, so the
+        # switch keeps one set per tick, and a stage's internals live during one tick of
+        # the backward pass only. Every stage's results differ from device to device
+        # (`shard_map`'s varying type), so that the branches have one type.
+        def run(params, state, xs, t):
+            # Stage 0 reads micro-batch t (after the last one it reruns micro-batch M - 1,
+            # and that result is never read).
+            x = jax.tree_util.tree_map(lambda a: a[jnp.minimum(t, M - 1)], xs)
+            return _varying(stage(params, state, x))
+        return jax.checkpoint(run, policy=jax.checkpoint_policies.nothing_saveable)
+
+    branches = [branch(stage) for stage in stages]
 
     def per_device(params, xs, state):
         s = jax.lax.axis_index(PIPELINE_AXIS)
@@ -124,12 +145,9 @@ def gpipe(stages: Sequence[Callable], params: Any, xs: Any, state: Any,
         params, xs, state = _varying((params, xs, state))
 
         def tick(state, t):
-            # Stage 0 reads micro-batch t (after the last one it reruns micro-batch M - 1,
-            # and that result is never read).
-            x = jax.tree_util.tree_map(lambda a: a[jnp.minimum(t, M - 1)], xs)
             # Each device runs its own stage's program (own steps, own remat), picked by
             # its index on the `pipeline` axis.
-            state, out = jax.lax.switch(s, branches, params, state, x)
+            state, out = jax.lax.switch(s, branches, params, state, xs, t)
             state = jax.lax.ppermute(state, PIPELINE_AXIS, forward)
             return state, out
 

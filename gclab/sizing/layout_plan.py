@@ -38,7 +38,7 @@ from gclab.memory.config import RECIPES, get_recipe
 from gclab.model.graphcast import PIPELINE_PRECISION
 from gclab.parallel.config import layouts, pipeline_layouts
 from gclab.sizing import analytical
-from gclab.sizing.pipeline_plan import plan_pipeline
+from gclab.sizing.pipeline_plan import plan_pipeline, step_extra_bytes
 from gclab.sizing.planner import NothingFits, parse_budget
 from gclab.sizing.speed import CARD_SPEEDS, REFERENCE_CARD, CardSpeed, card_name
 from gclab.sizing.step import StepSpec, compile_train_step
@@ -148,15 +148,15 @@ def _pipeline_candidates(model, task, devices, batch, rollout, precision, recipe
             if precision != "f32":
                 yield {**row, "skipped": PIPELINE_PRECISION}, None, None
                 continue
-            if model.processor_steps < 4:
-                yield {**row, "skipped": "the stage planner needs 4 processor steps or "
-                       "more"}, None, None
+            if model.processor_steps < max(3, layout.pipeline) + 1:
+                yield {**row, "skipped": "the stage planner needs "
+                       f"{max(3, layout.pipeline) + 1} processor steps or more"}, None, None
                 continue
             lay = layout.replace(microbatches=batch // layout.data)
             # A stage program holds the parameters and their gradients; the whole step
-            # also the optimizer's two moments, the new parameters and moments.
-            stage_budget = usable * FIT_MARGIN - 5 * 4 * params
-            key = (memory, lay.microbatches)
+            # also the optimizer's moments, the new parameters and moments, the batch.
+            stage_budget = usable * FIT_MARGIN - step_extra_bytes(model, task, lay, batch)
+            key = (memory, lay.microbatches, lay.pipeline)
             choice = plan_pipeline(model, task, memory, lay, batch, stage_budget, flops,
                                    speed.link_bytes_per_s, graphs, compile_choices=False,
                                    costs=costs_cache.get(key))

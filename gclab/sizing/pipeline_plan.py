@@ -8,25 +8,33 @@ under its own checkpoint: `ParallelConfig.stage_remat`), to minimise the predict
 time under a per-device memory budget, and compares that with one ratio for all stages.
 
 Memory of a stage comes from XLA's compiled analysis of that stage's own program (shapes
-only): its forward and backward over the M micro-batches it holds under GPipe
-(`stage_program_memory`, whole parameters and their gradients included). Five compiles fit
-a model linear in the steps, `StageCosts`:
+only): what one pipeline device runs under `gclab.parallel.pipeline.gpipe`, its stage in
+each of the M + P - 1 ticks under a checkpoint that saves nothing, then the backward pass
+tick by tick (`stage_program_memory`, whole parameters and their gradients included). It
+holds each tick's incoming state until the backward pass, and a stage's internals during
+one tick of it: those are what the stage's steps and their remat change. Five compiles
+fit a model linear in the steps, `StageCosts`:
 
     memory_s = base_kind(s) + stored x (k_s - n_s) + checkpointed x n_s
 
 with `kind` first (encoder), middle or last (decoder); the chosen stages are compiled
-again to check the fit. Time is counted in ticks of the GPipe schedule
-(`gclab.parallel.pipeline`): every tick lasts as long as the slowest stage's work on one
-micro-batch, forward and backward,
+again to check the fit. The whole step, compiled as one SPMD program for every device,
+holds the largest stage's program and what no stage program has (`step_extra_bytes`:
+the optimizer's moments, the new parameters and moments, the batch, the outputs of every
+tick), so `predicted_step_bytes` is the largest stage plus those; a test checks it
+against the compiled step. Time is counted in ticks of the GPipe schedule: every tick
+lasts as long as the slowest stage's work on one micro-batch,
 
-    tick = max_s (3 F_s + n_s F_step) / flops_per_s + state_bytes / link_bytes_per_s
+    tick = max_s (4 F_s + n_s F_step) / flops_per_s + state_bytes / link_bytes_per_s
     step = (M + P - 1) x tick,
 
-F_s the forward FLOPs of stage s (its steps, plus encoder or decoder), one extra forward
-per checkpointed step, and the state a stage sends per tick over the link. The MILP
-(`scipy.optimize.milp`) has integer k_s, n_s and a continuous tick t >= every stage's
-time; it minimises t. `brute_force` enumerates every split and setting (small cases, a
-check of the MILP), `uniform` gives every stage the same ratio on the even split.
+F_s the forward FLOPs of stage s (its steps, plus encoder or decoder): its forward, the
+forward again before the backward (the stage's checkpoint), the backward (two forwards),
+one more forward per checkpointed step, and the state a stage sends per tick over the
+link. The MILP (`scipy.optimize.milp`) has integer k_s, n_s and a continuous tick
+t >= every stage's time; it minimises t. `brute_force` enumerates every split and
+setting (small cases, a check of the MILP), `uniform` gives every stage the same ratio on
+the even split.
 
 Shapes: S processor steps, P stages, M micro-batches, b = B / (data x M) samples each.
 """
@@ -34,6 +42,7 @@ Shapes: S processor steps, P stages, M micro-batches, b = B / (data x M) samples
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
 from typing import Any, Optional
@@ -85,7 +94,9 @@ class StageCosts:
         """Predicted seconds of one tick's work (forward and backward of one micro-batch)."""
         fixed = {"first": self.encoder_seconds, "last": self.decoder_seconds}.get(
             self.kind(stage, stages), 0.0)
-        return (3 * (fixed + steps * self.step_seconds) + checkpointed * self.step_seconds
+        # Forward, the stage's forward again (its checkpoint) and backward (twice a
+        # forward), plus the checkpointed steps' second forward inside that backward.
+        return (4 * (fixed + steps * self.step_seconds) + checkpointed * self.step_seconds
                 + self.link_seconds)
 
 
@@ -138,14 +149,16 @@ def solve_milp(costs: StageCosts, steps: int, stages: int, microbatches: int,
                budget: float) -> Optional[StageChoice]:
     """The split and checkpointed steps of least predicted step time that fit, by MILP.
 
-    Variables `[k_0..k_{P-1}, n_0..n_{P-1}, t]`: steps and checkpointed steps (integers),
-    the tick t (continuous). Ties are broken towards fewer checkpointed steps.
+    Variables `[k_0..k_{P-1}, n_0..n_{P-1}, t, m]`: steps and checkpointed steps
+    (integers), the tick t and the largest stage's bytes m (continuous). Ties in t are
+    broken towards a smaller m (every device of the compiled step holds the largest
+    stage's), then towards fewer checkpointed steps.
 
     Returns:
       The choice, or None when nothing fits.
     """
     P, S = stages, steps
-    nv = 2 * P + 1
+    nv = 2 * P + 2  # k, n, t, m
     rows, lo, hi = [], [], []
 
     def row(entries: dict, low: float, high: float) -> None:
@@ -166,17 +179,22 @@ def solve_milp(costs: StageCosts, steps: int, stages: int, microbatches: int,
         row({P + s: 1, s: -1}, -np.inf, 0)  # n_s <= k_s
         row({s: costs.stored / unit_b, P + s: (costs.checkpointed - costs.stored) / unit_b},
             -np.inf, (budget - costs.base[kind]) / unit_b)  # the stage fits
+        row({s: costs.stored / unit_b, P + s: (costs.checkpointed - costs.stored) / unit_b,
+             2 * P + 1: -1}, -np.inf, -costs.base[kind] / unit_b)  # it is at most m
         fixed = costs.seconds(s, P, 0, 0) / unit_s
-        row({s: 3 * costs.step_seconds / unit_s, P + s: costs.step_seconds / unit_s,
+        row({s: 4 * costs.step_seconds / unit_s, P + s: costs.step_seconds / unit_s,
              2 * P: -1}, -np.inf, -fixed)  # its tick is at most t
-    # Ties: a checkpointed step costs a little, far less than any change of t.
-    tie = 1e-4 / max(1, S)
-    c = np.array([0.0] * P + [tie] * P + [1.0])
-    lower = np.array([1] * P + [0] * P + [0.0])
-    upper = np.array([S] * P + [S] * P + [np.inf])
-    integrality = np.array([1] * (2 * P) + [0])
+    # Ties: m (in budgets, at most one) costs far less than any change of t (a step), and
+    # a checkpointed step far less than a change of m by a thousandth of the budget; the
+    # solver closes the gap fully, so that the ties hold.
+    tie = 1e-8 / max(1, S)
+    c = np.array([0.0] * P + [tie] * P + [1.0, 1e-3])
+    lower = np.array([1] * P + [0] * P + [0.0, -np.inf])
+    upper = np.array([S] * P + [S] * P + [np.inf, np.inf])
+    integrality = np.array([1] * (2 * P) + [0, 0])
     res = milp(c, constraints=LinearConstraint(np.array(rows), lo, hi),
-               integrality=integrality, bounds=Bounds(lower, upper))
+               integrality=integrality, bounds=Bounds(lower, upper),
+               options={"mip_rel_gap": 0.0})
     if res.x is None:
         return None
     x = np.round(res.x).astype(int)
@@ -223,12 +241,17 @@ def stage_program_memory(model: ModelConfig, task: TaskConfig, memory: MemoryCon
                          graphs: Optional[Graphs] = None) -> int:
     """Compiled bytes (arguments + outputs + temp) of one stage's GPipe program, shapes only.
 
-    The program is the stage's forward over M = `layout.microbatches` micro-batches of
-    `microbatch` samples in a scan, then its backward (gradients of the whole parameters
-    and of its incoming states): what one pipeline device holds under GPipe.
+    The program is what one pipeline device runs (`gclab.parallel.pipeline.gpipe`) with
+    its own stage in every tick: M + P - 1 ticks (M = `layout.microbatches` micro-batches
+    of `microbatch` samples), each running the stage under a checkpoint that saves nothing,
+    the state it returns fed to the next tick (as the next stage would receive it), then
+    the backward pass, tick by tick: the stage run again and differentiated (gradients of
+    the whole parameters). The cotangents of each tick's outputs are arguments scaled by
+    the tick, so that none is known to be zero.
     """
     graphs = graphs if graphs is not None else graphs_for(model)
     C, O, M = task.data_channels, task.output_channels, layout.microbatches
+    ticks = M + layout.pipeline - 1
     first, last = stage == 0, stage == layout.pipeline - 1
     sds = jax.ShapeDtypeStruct
     graph = jax.tree_util.tree_map(lambda a: sds(a.shape, a.dtype), graph_inputs(graphs))
@@ -238,43 +261,79 @@ def stage_program_memory(model: ModelConfig, task: TaskConfig, memory: MemoryCon
     state = jax.eval_shape(net0.apply, params, graph, None, x)[0]
     net = make_stage_network(model, C, O, memory, layout, stage)
     out = jax.eval_shape(net.apply, params, graph, state, x)[1]
+    xs = jax.tree_util.tree_map(lambda a: sds((M,) + a.shape, a.dtype), x) if first else None
+    cotangents = (state, out if last else None)
 
-    def stacked(tree):
-        return jax.tree_util.tree_map(lambda a: sds((M,) + a.shape, a.dtype), tree)
+    @functools.partial(jax.checkpoint, policy=jax.checkpoint_policies.nothing_saveable)
+    def run(params, graph, state, xs, t):  # as `gpipe` runs a stage in a tick
+        x = None if xs is None else xs[jnp.minimum(t, M - 1)]
+        return net.apply(params, graph, state, x)
 
-    xs = stacked(x) if first else None
-    states = None if first else stacked(state)
-    cotangents = stacked(out) if last else stacked(state)
-
-    def program(params, graph, xs, states, cotangents):
-        def total(params, states):
-            def body(acc, inp):
-                x, st, ct = inp
-                new_state, out = net.apply(params, graph, st, x)
-                y = out if last else new_state
-                dots = [jnp.vdot(a.astype(jnp.float32), b.astype(jnp.float32))
-                        for a, b in zip(jax.tree_util.tree_leaves(y),
-                                        jax.tree_util.tree_leaves(ct))]
-                return acc + sum(dots), None
-            acc, _ = jax.lax.scan(body, jnp.zeros((), jnp.float32), (xs, states, cotangents))
+    def program(params, graph, xs, state, cotangents):
+        def total(params):
+            def tick(carry, t):
+                state, acc = carry
+                state, out = run(params, graph, state, xs, t)
+                scale = (t + 1).astype(jnp.float32)
+                dots = [scale * jnp.vdot(a.astype(jnp.float32), b.astype(jnp.float32))
+                        for a, b in zip(jax.tree_util.tree_leaves((state, out)),
+                                        jax.tree_util.tree_leaves(cotangents))]
+                return (state, acc + sum(dots)), None
+            (_, acc), _ = jax.lax.scan(tick, (state, jnp.zeros((), jnp.float32)),
+                                       jnp.arange(ticks))
             return acc
-        return jax.grad(total, argnums=(0, 1))(params, states)
+        return jax.grad(total)(params)
 
-    compiled, seconds = compile_timed(program, (params, graph, xs, states, cotangents), {},
+    compiled, seconds = compile_timed(program, (params, graph, xs, state, cotangents), {},
                                       compiler_options=plan_only_options())
     return int(memory_of_compiled(compiled, seconds).total_bytes)
 
 
+def step_extra_bytes(model: ModelConfig, task: TaskConfig, layout: ParallelConfig,
+                     batch: int) -> int:
+    """Bytes a pipeline device's training step holds besides its stage program.
+
+    The optimizer's two moments, the new parameters and moments (float32, five times the
+    parameters: the stage program has the parameters and their gradients), the batch of
+    its data slice (inputs and targets, float32), the network's outputs of every tick
+    (`[M + P - 1, Ng, b, O]`, which `gpipe` stacks on every device) and their cotangents,
+    and the predictions of the data slice (`[Ng, B / data, O]`) and their cotangents, the
+    loss's. One rollout step.
+    """
+    counts = analytical.GraphCounts.for_model(model)
+    b = batch // layout.data  # samples of one data slice
+    ticks = layout.microbatches + layout.pipeline - 1
+    outputs = ticks * counts.grid_nodes * (b // layout.microbatches) * task.output_channels
+    predictions = counts.grid_nodes * b * task.output_channels
+    batch_values = counts.grid_nodes * b * (task.data_channels + task.output_channels)
+    return 4 * (5 * analytical.param_count(model, task) + batch_values
+                + 2 * (outputs + predictions))
+
+
+def predicted_step_bytes(choice: "StageChoice", extra_bytes: float) -> float:
+    """A pipeline step's predicted bytes per device: its largest stage and what every
+    device holds besides (`step_extra_bytes`). Every device runs the same program, which
+    holds the largest stage's internals, whichever stage it runs."""
+    return max(choice.memory_bytes) + extra_bytes
+
+
 def fit_stage_costs(model: ModelConfig, task: TaskConfig, memory: MemoryConfig,
                     microbatches: int, microbatch: int, flops_per_s: float,
-                    link_bytes_per_s: float, graphs: Optional[Graphs] = None) -> StageCosts:
+                    link_bytes_per_s: float, graphs: Optional[Graphs] = None,
+                    stages: int = 3) -> StageCosts:
     """`StageCosts` from five compiled stage programs and the model's FLOPs.
 
     Middle stages of 1 and 2 stored steps and of 2 checkpointed steps give the per-step
     bytes and a middle stage's base; first and last stages of one stored step give theirs.
+    The programs are those of a pipeline of `stages` stages (at least 3, for a middle
+    stage): a device holds a state per tick, M + P - 1 of them.
     """
     graphs = graphs if graphs is not None else graphs_for(model)
     S = model.processor_steps
+    P = max(3, stages)
+    if S < P + 1:
+        raise ValueError(f"fitting stage costs of {P} stages needs {P + 1} processor steps or "
+                         f"more, not {S}")
 
     def compiled(stages, stage, steps, checkpointed):
         rest = S - steps
@@ -287,16 +346,14 @@ def fit_stage_costs(model: ModelConfig, task: TaskConfig, memory: MemoryConfig,
                                 stage_steps=tuple(split), stage_remat=tuple(remat))
         return stage_program_memory(model, task, memory, layout, stage, microbatch, graphs)
 
-    if S < 4:
-        raise ValueError(f"fitting stage costs needs 4 processor steps or more, not {S}")
-    m1 = compiled(3, 1, 1, 0)
-    m2 = compiled(3, 1, 2, 0)
-    m2c = compiled(3, 1, 2, 2)
+    m1 = compiled(P, 1, 1, 0)
+    m2 = compiled(P, 1, 2, 0)
+    m2c = compiled(P, 1, 2, 2)
     stored = m2 - m1
     base_mid = m1 - stored
     checkpointed = (m2c - base_mid) / 2
-    base = {"middle": base_mid, "first": compiled(3, 0, 1, 0) - stored,
-            "last": compiled(3, 2, 1, 0) - stored}
+    base = {"middle": base_mid, "first": compiled(P, 0, 1, 0) - stored,
+            "last": compiled(P, P - 1, 1, 0) - stored}
     counts = analytical.GraphCounts.for_model(model, graphs.grid2mesh.num_edges)
     f = analytical.stage_flops(model, task, counts, microbatch)
     L = model.latent_size
@@ -317,10 +374,12 @@ class PipelineChoice:
         nothing fits).
       costs: the fitted `StageCosts`.
       stage_budget: bytes a stage program may take (the device's share of the plan
-        minus the optimizer's two moments, which a stage program does not hold).
+        minus what the step holds besides, `step_extra_bytes`).
       milp: the MILP's `StageChoice` (None when nothing fits).
       uniform: one ratio for all stages on the even split.
       compiled_milp, compiled_uniform: compiled bytes of each stage's program for both.
+      extra_bytes: what the whole step holds per device besides a stage program
+        (`step_extra_bytes`).
     """
     layout: Optional[ParallelConfig]
     costs: StageCosts
@@ -329,13 +388,20 @@ class PipelineChoice:
     uniform: StageChoice
     compiled_milp: tuple
     compiled_uniform: tuple
+    extra_bytes: float = 0.0
+
+    def predicted_step_bytes(self, choice: Optional[StageChoice] = None) -> Optional[float]:
+        """Predicted bytes per device of the whole step of `choice` (default the MILP's)."""
+        choice = self.milp if choice is None else choice
+        return None if choice is None else predicted_step_bytes(choice, self.extra_bytes)
 
     def to_dict(self) -> dict[str, Any]:
         return {"parallel": None if self.layout is None else self.layout.spec,
                 "costs": dataclasses.asdict(self.costs), "stage_budget": self.stage_budget,
                 "milp": None if self.milp is None else self.milp.to_dict(),
                 "uniform": self.uniform.to_dict(), "compiled_milp": list(self.compiled_milp),
-                "compiled_uniform": list(self.compiled_uniform)}
+                "compiled_uniform": list(self.compiled_uniform),
+                "extra_bytes": self.extra_bytes}
 
     def explain(self) -> str:
         """Two lines: the MILP's stages and one ratio's."""
@@ -367,7 +433,8 @@ def plan_pipeline(model: ModelConfig, task: TaskConfig, memory: MemoryConfig,
       flops_per_s, link_bytes_per_s: the card's speeds.
       graphs: the model's graphs.
       compile_choices: compile both choices' stage programs (else only predicted).
-      costs: `StageCosts` already fitted for this micro-batch (else fitted here).
+      costs: `StageCosts` already fitted for this micro-batch and number of stages
+        (else fitted here).
     """
     graphs = graphs if graphs is not None else graphs_for(model)
     S, P, M = model.processor_steps, layout.pipeline, layout.microbatches
@@ -375,7 +442,7 @@ def plan_pipeline(model: ModelConfig, task: TaskConfig, memory: MemoryConfig,
     b = batch // (layout.data * M)
     if costs is None:
         costs = fit_stage_costs(model, task, memory, M, b, flops_per_s, link_bytes_per_s,
-                                graphs)
+                                graphs, P)
     chosen = solve_milp(costs, S, P, M, stage_budget)
     one = uniform(costs, S, P, M, stage_budget)
 
@@ -389,4 +456,4 @@ def plan_pipeline(model: ModelConfig, task: TaskConfig, memory: MemoryConfig,
     best = None if chosen is None else layout.replace(stage_steps=chosen.stage_steps,
                                                       stage_remat=chosen.stage_remat)
     return PipelineChoice(best, costs, float(stage_budget), chosen, one, compiled(chosen),
-                          compiled(one))
+                          compiled(one), float(step_extra_bytes(model, task, layout, batch)))

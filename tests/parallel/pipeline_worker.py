@@ -26,7 +26,13 @@ from gclab.geometry.graphs import graphs_for  # noqa: E402
 from gclab.memory.config import MemoryConfig, get_recipe  # noqa: E402
 from gclab.model.graphcast import graph_inputs, make_network  # noqa: E402
 from gclab.parallel import make_mesh, parse_parallel_spec, use_layout  # noqa: E402
-from gclab.sizing.step import plan_only_options  # noqa: E402
+from gclab.sizing.pipeline_plan import (  # noqa: E402
+    evaluate,
+    even_split,
+    fit_stage_costs,
+    plan_pipeline,
+)
+from gclab.sizing.step import StepSpec, compile_train_step, plan_only_options  # noqa: E402
 from gclab.training.layout import place_step_args  # noqa: E402
 
 # 5 processor steps: uneven splits over 2 and 4 stages.
@@ -53,6 +59,27 @@ def loss_and_grad(args, memory: MemoryConfig, weights: tuple):
     return jax.device_get(compiled(*args))
 
 
+def planned_step(layout, graphs) -> dict:
+    """The pipeline planner's choices for `layout` (one sample per micro-batch) at a budget
+    both fit, their predicted bytes per device and their whole steps' compiled bytes."""
+    memory, batch = MemoryConfig(), layout.data * layout.microbatches
+    costs = fit_stage_costs(TINY, TASK, memory, layout.microbatches, 1, 1e12, 1e10, graphs,
+                            layout.pipeline)
+    split = even_split(TINY.processor_steps, layout.pipeline)
+    plain = evaluate(costs, split, (0,) * layout.pipeline, layout.microbatches, float("inf"))
+    choice = plan_pipeline(TINY, TASK, memory, layout, batch, 0.95 * max(plain.memory_bytes),
+                           1e12, 1e10, graphs, compile_choices=False, costs=costs)
+    out = {"plan": layout.spec}
+    for name, c in (("milp", choice.milp), ("uniform", choice.uniform)):
+        lay = layout.replace(stage_steps=c.stage_steps, stage_remat=c.stage_remat)
+        step = compile_train_step(StepSpec(TINY, TASK, memory, batch=batch, parallel=lay),
+                                  graphs)
+        out[name] = {"parallel": lay.spec, "fits": c.fits,
+                     "predicted": choice.predicted_step_bytes(c),
+                     "compiled": step.memory.total_bytes}
+    return out
+
+
 def main() -> None:
     batch = 4
     graphs = graphs_for(TINY)
@@ -64,6 +91,9 @@ def main() -> None:
     weights = training.loss_weights(TASK, graphs.grid_lat, graphs.n_lon)
     reference = {}
     for item in sys.argv[2].split(";"):
+        if item.startswith("plan "):
+            print(json.dumps(planned_step(parse_parallel_spec(item[5:]), graphs)), flush=True)
+            continue
         spec, memory_name = item.split("@")
         layout, memory = parse_parallel_spec(spec), MEMORY[memory_name]
         if memory_name not in reference:

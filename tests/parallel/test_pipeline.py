@@ -1,4 +1,5 @@
-"""Pipeline layouts give one device's loss and gradients (float32, 1e-5 relative).
+"""Pipeline layouts give one device's loss and gradients (float32, 1e-5 relative), and the
+pipeline planner's bytes per device bound the compiled whole step.
 
 The cases run `pipeline_worker.py` in one fresh process with 4 simulated CPU devices (the
 device count must be set before JAX starts; a 2-stage layout uses the first 2). Tiny
@@ -12,6 +13,8 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from gclab.parallel import ParallelConfig
 from gclab.parallel.pipeline import bubble_fraction
@@ -34,18 +37,41 @@ CASES = [
     "data:2,pipeline:2,microbatches:2,stage-steps:2/3@lean",
 ]
 
+# Layouts whose stage steps and remat the planner chooses (one sample per micro-batch).
+PLANS = ["pipeline:2,microbatches:2", "pipeline:4,microbatches:4"]
+# The planner's bytes per device may exceed the compiled step's by this fraction at most
+# (it must never be below).
+PLAN_SLACK = 0.25
 
-def test_pipeline_layouts_match_one_device():
+
+@pytest.fixture(scope="module")
+def worker_lines() -> list:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p))
-    proc = subprocess.run([sys.executable, str(WORKER), "4", ";".join(CASES)],
+    items = CASES + [f"plan {p}" for p in PLANS]
+    proc = subprocess.run([sys.executable, str(WORKER), "4", ";".join(items)],
                           capture_output=True, text=True, env=env, timeout=1500)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    results = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+
+
+def test_pipeline_layouts_match_one_device(worker_lines):
+    results = [r for r in worker_lines if "plan" not in r]
     assert len(results) == len(CASES)
     for r in results:
         assert r["loss_rel"] < TOLERANCE, r
         assert r["grad_rel"] < TOLERANCE, r
+
+
+def test_planned_bytes_bound_the_compiled_step(worker_lines):
+    plans = [r for r in worker_lines if "plan" in r]
+    assert [ParallelConfig(**{k: int(v) for k, v in (i.split(":") for i in p.split(","))}).spec
+            for p in PLANS] == [r["plan"] for r in plans]
+    for r in plans:
+        for name in ("milp", "uniform"):
+            c = r[name]
+            assert c["fits"], r
+            assert c["compiled"] <= c["predicted"] <= (1 + PLAN_SLACK) * c["compiled"], r
 
 
 def test_bubble_fraction():
