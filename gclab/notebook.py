@@ -294,9 +294,9 @@ class LiveConfig:
       chapter: ``01`` .. ``07``.
       label: the name the chapter shows.
       spec: the training step (a forward pass or gradient is bounded by it).
-      guarded: True when the chapter runs it through `run_if_fits` (it may not fit and is
-        then shown as a plan); False when the chapter runs it unconditionally, so it must
-        fit every card of the scale's class.
+      guarded: True when the chapter runs it through `run_if_fits` or `guarded_grid` (it
+        may not fit and is then shown as a plan); False when the chapter runs it
+        unconditionally, so it must fit every card of the scale's class.
     """
 
     chapter: str
@@ -342,12 +342,15 @@ def live_configs(chapter: str, scale: Scale) -> list[LiveConfig]:
         task = get_preset("cpu-4x32").task
         return [LiveConfig("05", f"live model {p}", StepSpec(
             scale.live, task, MemoryConfig(precision=p))) for p in ("f32", "bf16")]
-    if chapter == "06":
+    if chapter == "06":  # the (steps, latent) grid at the live model's geometry, guarded
         base = get_preset("cpu-4x32")
+        model = base.model.replace(resolution=scale.live.resolution,
+                                   mesh_splits=scale.live.mesh_splits)
         steps = [4, 16] if scale == "cpu" else [4, 8, 12, 16]
         latents = [32, 128, 512] if scale == "cpu" else [32, 64, 128, 256, 512]
-        return [LiveConfig("06", f"{s.model.processor_steps} x {s.model.latent_size}", s)
-                for s in grid(base.model, latents, steps, base.task)]
+        return [LiveConfig("06", f"{s.model.processor_steps} x {s.model.latent_size}", s,
+                           guarded=True)
+                for s in grid(model, latents, steps, base.task)]
     if chapter == "07":
         if scale != "big":
             return []
@@ -657,3 +660,61 @@ def time_table(samples: Mapping[str, Sequence[float]]):
                           "fastest_seconds": min(v), "slowest_seconds": max(v),
                           "spread": _relative_spread(v), "runs": len(v)}
                          for k, v in samples.items()]).set_index("name")
+
+
+# ------------------------------------------------------------------ a guarded grid
+
+
+def guarded_grid(configs: Sequence[LiveConfig], *, usable: Optional[int] = None,
+                 repeats: int = 1):
+    """Compiles each configuration, and times only those whose plan fits.
+
+    Each configuration goes through `run_if_fits`: compiled once for real arrays, but
+    allocated and run only when its plan (XLA's total: arguments, outputs and temp) fits
+    `gclab.devices.FIT_MARGIN` of the usable memory; the others keep their plan and are
+    shown as "needs X, does not fit this card". On a CPU this costs what
+    ``sweep(measure="timed")`` costs: one compile and `repeats` steps per cell.
+
+    Args:
+      configs: `LiveConfig`s (``live_configs("06", scale)``), in the order shown.
+      usable: usable bytes to check against (default: `usable_here()`).
+      repeats: timed steps per cell that fits, after one untimed step.
+
+    Returns:
+      A DataFrame, one row per configuration: ``label``, ``processor_steps``,
+      ``latent_size``, ``params``, ``temp_bytes``, ``total_bytes``, ``fits``,
+      ``step_seconds`` (NaN where the cell did not run), ``status`` (``ok`` or ``oom``, as
+      `gclab.plots.plot_heatmap` reads it) and ``on_card`` (``ran`` or ``needs X, does
+      not fit this card``).
+
+    Raises:
+      ValueError: `repeats` not an integer >= 1.
+    """
+    import gc
+    import math
+
+    import pandas as pd
+
+    from gclab.config import is_int
+    from gclab.measure.timing import median_seconds
+    from gclab.sizing import param_count
+
+    if not is_int(repeats) or repeats < 1:
+        raise ValueError(f"repeats={repeats!r} is invalid: an integer >= 1")
+    usable = usable_here() if usable is None else int(usable)
+    rows = []
+    for config in configs:
+        guarded = run_if_fits(config.spec, config.label, usable=usable)
+        seconds = median_seconds(guarded.step.run, repeats) if guarded.ran else math.nan
+        model = config.spec.model
+        rows.append({"label": config.label, "processor_steps": model.processor_steps,
+                     "latent_size": model.latent_size,
+                     "params": param_count(model, config.spec.task),
+                     "temp_bytes": guarded.temp_bytes, "total_bytes": guarded.plan_bytes,
+                     "fits": guarded.fits, "step_seconds": seconds,
+                     "status": "ok" if guarded.fits else "oom",
+                     "on_card": "ran" if guarded.ran else
+                     f"needs {_format(guarded.plan_bytes)}, does not fit this card"})
+        del guarded
+        gc.collect()  # the cell's arrays go before the next cell allocates its own
+    return pd.DataFrame(rows)
