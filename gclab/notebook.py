@@ -44,6 +44,8 @@ SCALE_ALIASES = {"gpu": "16GB", "big": "80GB"}
 SCALE_ENV = "GCLAB_SCALE"
 #: Where new recordings are written (never into an installed package).
 DATA_DIR = output_dir()
+#: Characters of a printed line that a rendered page of the book shows without scrolling.
+PAGE_WIDTH = 76
 
 
 class SettingError(ValueError):
@@ -243,7 +245,7 @@ def choose_scale() -> Scale:
     return scale_for(devices.usable_bytes(jax.devices()[0]))
 
 
-def scale_banner(scale: Scale, width: int = 90) -> str:
+def scale_banner(scale: Scale, width: int = PAGE_WIDTH) -> str:
     """What every chapter prints: its scale, the sizes, and how to change it.
 
     Wrapped at `width` characters, so that a rendered page shows it whole instead of in a
@@ -718,3 +720,22 @@ def guarded_grid(configs: Sequence[LiveConfig], *, usable: Optional[int] = None,
         del guarded
         gc.collect()  # the cell's arrays go before the next cell allocates its own
     return pd.DataFrame(rows)
+
+
+def page_text(text: str, width: int = PAGE_WIDTH) -> str:
+    """`text` with every line wrapped at `width` characters, for a printed cell output.
+
+    A rendered page scrolls a longer line sideways and hides its end; wrapped, it shows
+    whole. Continuation lines are indented by two spaces; words are never split.
+
+    Raises:
+      ValueError: `width` not an integer >= 20.
+    """
+    from gclab.config import is_int
+
+    if not is_int(width) or width < 20:
+        raise ValueError(f"width={width!r} is invalid: an integer >= 20")
+    return "\n".join(
+        textwrap.fill(line, width, subsequent_indent="  ", break_long_words=False,
+                      break_on_hyphens=False) if len(line) > width else line
+        for line in str(text).splitlines())
