@@ -12,8 +12,9 @@ one scale per device class (`gclab.devices`), chosen from the device's usable me
 
 ``GCLAB_SCALE`` forces a scale (a class name, or ``gpu`` / ``big`` for the smallest class of
 each). What a chapter runs on the device comes from `live_configs(chapter, scale)`, and each
-run goes through `run_if_fits`: compiled from shapes first, run only when its plan fits the
-usable memory with `gclab.devices.FIT_MARGIN`, otherwise reported as "needs X, does not fit".
+run goes through `run_if_fits` (a grid of them through `guarded_grid`): compiled first, run
+only when its plan fits the usable memory with `gclab.devices.FIT_MARGIN`, otherwise reported
+as "needs X, does not fit". `page_text` wraps a printed line to the width a page shows.
 Recorded measurements (hardware and date inside) are read with `recorded(name)`.
 """
 
