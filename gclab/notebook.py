@@ -12,8 +12,9 @@ one scale per device class (`gclab.devices`), chosen from the device's usable me
 
 ``GCLAB_SCALE`` forces a scale (a class name, or ``gpu`` / ``big`` for the smallest class of
 each). What a chapter runs on the device comes from `live_configs(chapter, scale)`, and each
-run goes through `run_if_fits`: compiled from shapes first, run only when its plan fits the
-usable memory with `gclab.devices.FIT_MARGIN`, otherwise reported as "needs X, does not fit".
+run goes through `run_if_fits` (a grid of them through `guarded_grid`): compiled first, run
+only when its plan fits the usable memory with `gclab.devices.FIT_MARGIN`, otherwise reported
+as "needs X, does not fit". `page_text` wraps a printed line to the width a page shows.
 Recorded measurements (hardware and date inside) are read with `recorded(name)`.
 """
 
@@ -44,6 +45,8 @@ SCALE_ALIASES = {"gpu": "16GB", "big": "80GB"}
 SCALE_ENV = "GCLAB_SCALE"
 #: Where new recordings are written (never into an installed package).
 DATA_DIR = output_dir()
+#: Characters of a printed line that a rendered page of the book shows without scrolling.
+PAGE_WIDTH = 76
 
 
 class SettingError(ValueError):
@@ -243,7 +246,7 @@ def choose_scale() -> Scale:
     return scale_for(devices.usable_bytes(jax.devices()[0]))
 
 
-def scale_banner(scale: Scale, width: int = 90) -> str:
+def scale_banner(scale: Scale, width: int = PAGE_WIDTH) -> str:
     """What every chapter prints: its scale, the sizes, and how to change it.
 
     Wrapped at `width` characters, so that a rendered page shows it whole instead of in a
@@ -294,9 +297,9 @@ class LiveConfig:
       chapter: ``01`` .. ``08``.
       label: the name the chapter shows.
       spec: the training step (a forward pass or gradient is bounded by it).
-      guarded: True when the chapter runs it through `run_if_fits` (it may not fit and is
-        then shown as a plan); False when the chapter runs it unconditionally, so it must
-        fit every card of the scale's class.
+      guarded: True when the chapter runs it through `run_if_fits` or `guarded_grid` (it
+        may not fit and is then shown as a plan); False when the chapter runs it
+        unconditionally, so it must fit every card of the scale's class.
     """
 
     chapter: str
@@ -341,12 +344,15 @@ def live_configs(chapter: str, scale: Scale) -> list[LiveConfig]:
         task = get_preset("cpu-4x32").task
         return [LiveConfig("05", f"live model {p}", StepSpec(
             scale.live, task, MemoryConfig(precision=p))) for p in ("f32", "bf16")]
-    if chapter == "06":
+    if chapter == "06":  # the (steps, latent) grid at the live model's geometry, guarded
         base = get_preset("cpu-4x32")
+        model = base.model.replace(resolution=scale.live.resolution,
+                                   mesh_splits=scale.live.mesh_splits)
         steps = [4, 16] if scale == "cpu" else [4, 8, 12, 16]
         latents = [32, 128, 512] if scale == "cpu" else [32, 64, 128, 256, 512]
-        return [LiveConfig("06", f"{s.model.processor_steps} x {s.model.latent_size}", s)
-                for s in grid(base.model, latents, steps, base.task)]
+        return [LiveConfig("06", f"{s.model.processor_steps} x {s.model.latent_size}", s,
+                           guarded=True)
+                for s in grid(model, latents, steps, base.task)]
     if chapter == "07":
         if scale != "big":
             return []
@@ -663,3 +669,80 @@ def time_table(samples: Mapping[str, Sequence[float]]):
                           "fastest_seconds": min(v), "slowest_seconds": max(v),
                           "spread": _relative_spread(v), "runs": len(v)}
                          for k, v in samples.items()]).set_index("name")
+
+
+# ------------------------------------------------------------------ a guarded grid
+
+
+def guarded_grid(configs: Sequence[LiveConfig], *, usable: Optional[int] = None,
+                 repeats: int = 1):
+    """Compiles each configuration, and times only those whose plan fits.
+
+    Each configuration goes through `run_if_fits`: compiled once for real arrays, but
+    allocated and run only when its plan (XLA's total: arguments, outputs and temp) fits
+    `gclab.devices.FIT_MARGIN` of the usable memory; the others keep their plan and are
+    shown as "needs X, does not fit this card". On a CPU this costs what
+    ``sweep(measure="timed")`` costs: one compile and `repeats` steps per cell.
+
+    Args:
+      configs: `LiveConfig`s (``live_configs("06", scale)``), in the order shown.
+      usable: usable bytes to check against (default: `usable_here()`).
+      repeats: timed steps per cell that fits, after one untimed step.
+
+    Returns:
+      A DataFrame, one row per configuration: ``label``, ``processor_steps``,
+      ``latent_size``, ``params``, ``temp_bytes``, ``total_bytes``, ``fits``,
+      ``step_seconds`` (NaN where the cell did not run), ``status`` (``ok`` or ``oom``, as
+      `gclab.plots.plot_heatmap` reads it) and ``on_card`` (``ran`` or ``needs X, does
+      not fit this card``).
+
+    Raises:
+      ValueError: `repeats` not an integer >= 1.
+    """
+    import gc
+    import math
+
+    import pandas as pd
+
+    from gclab.config import is_int
+    from gclab.measure.timing import median_seconds
+    from gclab.sizing import param_count
+
+    if not is_int(repeats) or repeats < 1:
+        raise ValueError(f"repeats={repeats!r} is invalid: an integer >= 1")
+    usable = usable_here() if usable is None else int(usable)
+    rows = []
+    for config in configs:
+        guarded = run_if_fits(config.spec, config.label, usable=usable)
+        seconds = median_seconds(guarded.step.run, repeats) if guarded.ran else math.nan
+        model = config.spec.model
+        rows.append({"label": config.label, "processor_steps": model.processor_steps,
+                     "latent_size": model.latent_size,
+                     "params": param_count(model, config.spec.task),
+                     "temp_bytes": guarded.temp_bytes, "total_bytes": guarded.plan_bytes,
+                     "fits": guarded.fits, "step_seconds": seconds,
+                     "status": "ok" if guarded.fits else "oom",
+                     "on_card": "ran" if guarded.ran else
+                     f"needs {_format(guarded.plan_bytes)}, does not fit this card"})
+        del guarded
+        gc.collect()  # the cell's arrays go before the next cell allocates its own
+    return pd.DataFrame(rows)
+
+
+def page_text(text: str, width: int = PAGE_WIDTH) -> str:
+    """`text` with every line wrapped at `width` characters, for a printed cell output.
+
+    A rendered page scrolls a longer line sideways and hides its end; wrapped, it shows
+    whole. Continuation lines are indented by two spaces; words are never split.
+
+    Raises:
+      ValueError: `width` not an integer >= 20.
+    """
+    from gclab.config import is_int
+
+    if not is_int(width) or width < 20:
+        raise ValueError(f"width={width!r} is invalid: an integer >= 20")
+    return "\n".join(
+        textwrap.fill(line, width, subsequent_indent="  ", break_long_words=False,
+                      break_on_hyphens=False) if len(line) > width else line
+        for line in str(text).splitlines())

@@ -628,4 +628,42 @@ def plot_stage_memory(series: Mapping[str, Sequence[float]], budget: float,
         ax.set(xlabel="stage", ylabel="compiled memory", xticks=list(stages), title=title)
         bytes_axis(ax.yaxis)
         ax.legend(fontsize=8)
+
+
+def plot_guarded_heatmap(
+    df: pd.DataFrame,
+    value: str = "temp_bytes",
+    *,
+    plan: str = "total_bytes",
+    fits: str = "fits",
+    x: str = "latent_size",
+    y: str = "processor_steps",
+    title: str | None = None,
+) -> Figure:
+    """`plot_heatmap` of a guarded grid: a cell whose plan did not fit says what it needs.
+
+    Such a cell (``fits`` False, as `gclab.notebook.guarded_grid` reports it) is greyed and
+    hatched like an out-of-memory cell, and labelled "needs" with its plan (the compiled
+    total the guard compared with the usable memory) instead of its `value`, since it was
+    compiled but never run.
+
+    Args:
+      df: one row per cell, with columns `x`, `y`, `value`, `plan` and `fits`.
+      value: bytes column shown as colour and text where the cell fits.
+      plan: bytes column the guard compared (shown where the cell does not fit).
+      fits: boolean column, whether the plan fitted.
+      x: column for the horizontal axis.
+      y: column for the vertical axis.
+      title: axes title.
+
+    Returns:
+      The figure (`fig.axes[0].texts` holds one label per cell).
+    """
+    marked = df.assign(status=np.where(df[fits].astype(bool), "ok", "oom"))
+    fig = plot_heatmap(marked, x=x, y=y, value=value, status="status", title=title)
+    plans = df.pivot_table(index=y, columns=x, values=plan, aggfunc="max")
+    for text in fig.axes[0].texts:
+        if text.get_text().startswith("OOM"):
+            col, row = (int(round(v)) for v in text.get_position())
+            text.set_text(f"needs\n{format_bytes(plans.iloc[row, col], 1)}")
     return fig

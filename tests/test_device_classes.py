@@ -12,9 +12,13 @@ Cost on two cores: compiles are cached per configuration across classes (the 16,
 40 GB classes share most of theirs, and the tests of chapter 3 at the cpu and 16 GB classes
 those of the parametrised cases), in one process: the module's tests share one xdist
 worker (`xdist_group`, with `--dist loadgroup`), so no configuration is compiled twice.
-Chapter 6's grid is checked through its largest cell (every cell has fewer steps and a
-smaller latent on the same geometry, so less memory; the ``cpu`` class checks that order on
-its whole grid). The 0.25 deg bfloat16 step of chapter 7 takes minutes to compile on
+Chapter 6's grid runs at the live model's geometry, every cell guarded
+(`gclab.notebook.guarded_grid`): it is checked through its smallest cell, which must fit so
+that the chapter has something to time, and its largest (every other cell has fewer steps or
+a smaller latent on the same geometry, so less memory; the ``cpu`` class checks that order on
+its whole grid), whose plan decides whether the table shows cells that do not fit. That
+the guard shows such cells as plans and never runs them is checked on a cheap grid.
+The 0.25 deg bfloat16 step of chapter 7 takes minutes to compile on
 XLA:CPU, so it is read from the recorded compiled figures shipped with gclab
 (`gclab/recordings/memory-cpu.json`), where the same step is recorded.
 """
@@ -28,7 +32,7 @@ import pytest
 from gclab.config import get_preset
 from gclab.devices import DEVICE_CLASSES, FIT_MARGIN
 from gclab.memory import get_recipe
-from gclab.notebook import SCALE_TABLE, SCALES, live_configs, run_if_fits
+from gclab.notebook import SCALE_TABLE, SCALES, guarded_grid, live_configs, run_if_fits
 from gclab.recordings import recorded
 from gclab.sizing import StepSpec, train_step_memory
 
@@ -58,12 +62,19 @@ def plan_bytes(spec: StepSpec) -> int:
     return int(train_step_memory(spec).total_bytes)
 
 
+def _corners(configs: list) -> list:
+    """Chapter 6's smallest and largest cell (by steps, then latent)."""
+    def size(c):
+        return c.spec.model.processor_steps, c.spec.model.latent_size
+
+    return [min(configs, key=size), max(configs, key=size)]
+
+
 def _checked(chapter: str, configs: list) -> list:
-    """The configurations to compile: chapter 6's grid by its largest cell."""
+    """The configurations to compile: chapter 6's grid by its smallest and largest cell."""
     if chapter != "06" or not configs:
         return configs
-    return [max(configs, key=lambda c: (c.spec.model.processor_steps,
-                                        c.spec.model.latent_size))]
+    return _corners(configs)
 
 
 @pytest.mark.parametrize("name", SCALES)
@@ -93,6 +104,49 @@ def test_chapter_3_at_the_16gb_class_runs_lean_and_shows_the_plan_of_the_rest():
     fits = {label: plan_bytes(c.spec) <= cls.budget_bytes for label, c in configs.items()}
     assert fits == {"none": False, "step": False, "+ edge blocks (deepmind)": False,
                     "lean": True}
+
+
+#: Whether chapter 6's largest cell (16 x 512, no technique) fits, per class: at 2 deg it
+#: needs about 11.3 GiB, over the 16 GB class's budget (so a T4 shows it as a plan), under
+#: the 24 and 40 GB classes'; at 1 deg (80 GB and up) about 43.5 GiB, under theirs.
+LARGEST_CELL_FITS = {"cpu": True, "16GB": False, "24GB": True, "40GB": True, "80GB": True,
+                     "141GB": True}
+
+
+@pytest.mark.parametrize("name", SCALES)
+def test_chapter_6_grid_is_guarded_at_the_live_geometry_and_runs_its_smallest_cell(name):
+    scale, cls = SCALE_TABLE[name], DEVICE_CLASSES[name]
+    configs = live_configs("06", scale)
+    assert configs and all(c.guarded for c in configs)
+    assert {(c.spec.model.resolution, c.spec.model.mesh_splits) for c in configs} == {
+        (scale.live.resolution, scale.live.mesh_splits)}
+    assert len(configs) == (6 if scale == "cpu" else 20)
+    smallest, largest = _corners(configs)
+    assert plan_bytes(smallest.spec) <= cls.budget_bytes, f"{name}: nothing to time"
+    assert (plan_bytes(largest.spec) <= cls.budget_bytes) == LARGEST_CELL_FITS[name], (
+        f"{name}: 16 x 512 plan {plan_bytes(largest.spec) / 2**30:.2f} GiB, budget "
+        f"{cls.budget_bytes / 2**30:.2f} GiB")
+
+
+def test_the_guarded_grid_shows_cells_that_do_not_fit_and_never_runs_them(monkeypatch):
+    import gclab.measure.timing as timing
+
+    configs = live_configs("06", SCALE_TABLE["cpu"])[:2]  # 4 x 32 and 4 x 128, cheap
+    small, large = (plan_bytes(c.spec) for c in configs)
+    assert small < large
+    usable = int((small + large) / 2 / FIT_MARGIN)  # room for the small cell only
+    timed = []
+    real = timing.median_seconds
+    monkeypatch.setattr(timing, "median_seconds",
+                        lambda fn, repeats=3: timed.append(fn) or real(fn, repeats))
+    df = guarded_grid(configs, usable=usable).set_index("label")
+    assert len(timed) == 1  # only the cell that fits ran
+    assert df.fits.tolist() == [True, False] and df.status.tolist() == ["ok", "oom"]
+    assert df.total_bytes.tolist() == [small, large]
+    assert df.step_seconds["4 x 32"] > 0 and df.step_seconds.isna()["4 x 128"]
+    assert df.on_card["4 x 32"] == "ran"
+    assert df.on_card["4 x 128"].startswith("needs ")
+    assert df.on_card["4 x 128"].endswith("does not fit this card")
 
 
 def test_the_cpu_grid_of_chapter_6_grows_with_steps_and_latent():

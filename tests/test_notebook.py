@@ -214,3 +214,18 @@ def test_planned_and_measured_table_formats_bytes_and_says_once_why_a_peak_is_mi
     assert table.loc["huge", "measured peak"] == "n/a" == table.loc["huge", "measured / plan"]
     assert notes == ["run failed (error): boom"]
     assert planned_and_measured_table(beside.loc[["bf16"]])[1] == []
+
+
+def test_page_text_wraps_each_long_line_and_keeps_short_ones():
+    from gclab.notebook import PAGE_WIDTH, page_text
+
+    long = "word " * 40
+    text = page_text(f"short line\n{long.strip()}\n\nlast")
+    lines = text.splitlines()
+    assert lines[0] == "short line" and lines[-1] == "last" and "" in lines
+    assert max(map(len, lines)) <= PAGE_WIDTH
+    assert all(line.startswith("  word") for line in lines[2:-2])  # continuations
+    assert text.replace("\n  ", " ").split() == f"short line {long} last".split()
+    assert page_text("x" * 100, 30) == "x" * 100  # a word is never split
+    with pytest.raises(ValueError, match="width=5 is invalid"):
+        page_text("a", 5)

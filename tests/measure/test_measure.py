@@ -382,6 +382,18 @@ def test_plot_tradeoff(tmp_path):
     _save(fig, tmp_path, "tradeoff")
 
 
+def test_plot_guarded_heatmap_labels_a_cell_that_did_not_fit_with_its_plan():
+    df = pd.DataFrame([
+        {"latent_size": latent, "processor_steps": steps, "temp_bytes": latent * steps * MiB,
+         "total_bytes": 2 * latent * steps * MiB, "fits": (latent, steps) != (512, 8)}
+        for latent in (128, 512) for steps in (4, 8)])
+    fig = plots.plot_guarded_heatmap(df)
+    texts = {t.get_position(): t.get_text() for t in fig.axes[0].texts}
+    assert texts[(1, 1)] == "needs\n" + format_bytes(2 * 512 * 8 * MiB, 1)  # its plan
+    assert texts[(0, 0)] == format_bytes(128 * 4 * MiB, 1)  # a cell that ran: its temp
+    assert sum(t.startswith("needs") for t in texts.values()) == 1
+
+
 def test_plot_heatmap_marks_oom(tmp_path):
     rows = []
     for latent in (128, 256, 512):
