@@ -5,7 +5,8 @@ The README shows numbers only through this script: the recipe table comes from
 example from `benchmarks/results/plan-graphcast-small-T4.txt` (the output of
 `python -m gclab plan --budget T4 --preset graphcast-small`), the book's build time from
 `benchmarks/results/book-build-cpu.json` (written by `book_build.py`), the per-device
-table from `benchmarks/results/parallel-memory-cpu-*.json` (written by `parallel_memory.py`).
+table from `benchmarks/results/parallel-memory-cpu-*.json` (written by `parallel_memory.py`),
+the cluster plans from `benchmarks/results/cluster-plans-cpu.json` (`cluster_plans.py`).
 `tests/test_readme.py` checks that the README matches them.
 
     python benchmarks/update_readme.py
@@ -123,8 +124,36 @@ def parallel_block() -> str:
     return "\n".join(lines)
 
 
+def cluster_block() -> str:
+    record = json.loads((RESULTS / "cluster-plans-cpu.json").read_text())
+    hw = record["hardware"]
+    lines = [f"`gclab plan --devices` for the published model (0.25 deg, 37 levels), compiled on "
+             f"{hw['simulated_devices']} simulated CPU devices ({hw['cpu_count']}-core "
+             f"{hw['backend']}, jax {hw['jax']}, {hw['date'][:10]}; "
+             "`python benchmarks/cluster_plans.py`):", "",
+             "| cluster | batch | precision | layout | recipe | per device | predicted step |",
+             "|---|---:|---|---|---|---:|---:|"]
+    for r in record["rows"]:
+        if r["fits"]:
+            lines.append(f"| {r['cluster']} | {r['batch']} | {r['precision']} | "
+                         f"`{r['parallel']}` | `{r['recipe']}` | {_gib(r['per_device_bytes'])} | "
+                         f"{r['predicted_seconds'] * 1e3:.0f} ms |")
+        else:
+            sized = [c for c in r["candidates"] if "per_device_bytes" in c]
+            least = min(sized, key=lambda c: c["per_device_bytes"])
+            lines.append(f"| {r['cluster']} | {r['batch']} | {r['precision']} | nothing fits "
+                         f"| (smallest: `{least['parallel']}`, `{least['recipe']}`) | "
+                         f"{_gib(least['per_device_bytes'])} | |")
+    lines += ["", "Per-device figures are XLA:CPU's compiled totals (arguments, outputs and "
+              "temp); a plan fits within 90% of the card's usable memory. Predicted times rank "
+              "candidates with each card's published speeds (TPU v4, which has no entry, with "
+              "the reference card's, `gclab.sizing.speed.REFERENCE_CARD`). Chapter 8 reads the "
+              "same recording."]
+    return "\n".join(lines)
+
+
 BLOCKS = {"memory-table": memory_block, "plan-example": plan_block, "book-build": book_block,
-          "parallel-table": parallel_block}
+          "parallel-table": parallel_block, "cluster-plans": cluster_block}
 
 
 def render(readme: str) -> str:
