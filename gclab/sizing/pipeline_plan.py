@@ -323,43 +323,44 @@ def fit_stage_costs(model: ModelConfig, task: TaskConfig, memory: MemoryConfig,
                     stages: int = 3) -> StageCosts:
     """`StageCosts` from five compiled stage programs and the model's FLOPs.
 
-    Middle stages of 1 and 2 stored steps and of 2 checkpointed steps give the per-step
-    bytes and a middle stage's base; first and last stages of one stored step give theirs.
-    The programs are those of a pipeline of `stages` stages (at least 3, for a middle
-    stage): a device holds a state per tick, M + P - 1 of them.
+    Middle stages of 2 and 3 stored steps and of 3 checkpointed steps give the per-step
+    bytes and a middle stage's base; first and last stages of 2 stored steps give theirs.
+    Stages of one step, or one scan of one step, compile to less than the line through
+    these (XLA simplifies a loop of one iteration), so the model is above them. The
+    programs are those of a pipeline of `stages` stages (at least 3, for a middle stage;
+    at most S - 2, for 3 steps in one): a device holds a state per tick, M + P - 1 of them,
+    so where `stages` is more than the fit's pipeline has, the bases grow by a state per
+    tick it lacks.
     """
     graphs = graphs if graphs is not None else graphs_for(model)
     S = model.processor_steps
-    P = max(3, stages)
-    if S < P + 1:
-        raise ValueError(f"fitting stage costs of {P} stages needs {P + 1} processor steps or "
-                         f"more, not {S}")
+    if S < 5:
+        raise ValueError(f"fitting stage costs needs 5 processor steps or more, not {S}")
+    P = min(max(3, stages), S - 2)
 
-    def compiled(stages, stage, steps, checkpointed):
+    def compiled(stage, steps, checkpointed):
         rest = S - steps
-        split = [steps if s == stage else 0 for s in range(stages)]
-        others = [s for s in range(stages) if s != stage]
+        split = [steps if s == stage else 0 for s in range(P)]
+        others = [s for s in range(P) if s != stage]
         for i in range(rest):  # the other stages' steps: they do not change this stage
             split[others[i % len(others)]] += 1
-        remat = [checkpointed if s == stage else 0 for s in range(stages)]
-        layout = ParallelConfig(pipeline=stages, microbatches=microbatches,
+        remat = [checkpointed if s == stage else 0 for s in range(P)]
+        layout = ParallelConfig(pipeline=P, microbatches=microbatches,
                                 stage_steps=tuple(split), stage_remat=tuple(remat))
         return stage_program_memory(model, task, memory, layout, stage, microbatch, graphs)
 
-    m1 = compiled(P, 1, 1, 0)
-    m2 = compiled(P, 1, 2, 0)
-    m2c = compiled(P, 1, 2, 2)
-    stored = m2 - m1
-    base_mid = m1 - stored
-    checkpointed = (m2c - base_mid) / 2
-    base = {"middle": base_mid, "first": compiled(P, 0, 1, 0) - stored,
-            "last": compiled(P, P - 1, 1, 0) - stored}
     counts = analytical.GraphCounts.for_model(model, graphs.grid2mesh.num_edges)
-    f = analytical.stage_flops(model, task, counts, microbatch)
-    L = model.latent_size
     itemsize = 2 if memory.precision == "bf16" else 4
-    state_bytes = itemsize * microbatch * L * (counts.grid_nodes + counts.mesh_nodes
-                                              + counts.mesh_edges)
+    state_bytes = itemsize * microbatch * model.latent_size * (
+        counts.grid_nodes + counts.mesh_nodes + counts.mesh_edges)
+    m2, m3, m3c = compiled(1, 2, 0), compiled(1, 3, 0), compiled(1, 3, 3)
+    stored = m3 - m2
+    base_mid = m2 - 2 * stored
+    checkpointed = (m3c - base_mid) / 3
+    more = state_bytes * max(0, stages - P)  # states of the ticks the fit's pipeline lacks
+    base = {"middle": base_mid + more, "first": compiled(0, 2, 0) - 2 * stored + more,
+            "last": compiled(P - 1, 2, 0) - 2 * stored + more}
+    f = analytical.stage_flops(model, task, counts, microbatch)
     return StageCosts(base, float(stored), float(checkpointed), f["processor_step"] / flops_per_s,
                       f["encoder"] / flops_per_s, f["decoder"] / flops_per_s,
                       state_bytes / link_bytes_per_s)
