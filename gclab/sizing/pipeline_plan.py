@@ -32,9 +32,10 @@ F_s the forward FLOPs of stage s (its steps, plus encoder or decoder): its forwa
 forward again before the backward (the stage's checkpoint), the backward (two forwards),
 one more forward per checkpointed step, and the state a stage sends per tick over the
 link. The MILP (`scipy.optimize.milp`) has integer k_s, n_s and a continuous tick
-t >= every stage's time; it minimises t. `brute_force` enumerates every split and
-setting (small cases, a check of the MILP), `uniform` gives every stage the same ratio on
-the even split.
+t >= every stage's time; it minimises t. A stage checkpoints none of its steps or at
+least two (`MIN_CHECKPOINTED`: one saves nothing under the stage's checkpoint).
+`brute_force` enumerates every split and setting (small cases, a check of the MILP),
+`uniform` gives every stage the same ratio on the even split.
 
 Shapes: S processor steps, P stages, M micro-batches, b = B / (data x M) samples each.
 """
