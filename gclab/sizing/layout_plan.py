@@ -148,9 +148,9 @@ def _pipeline_candidates(model, task, devices, batch, rollout, precision, recipe
             if precision != "f32":
                 yield {**row, "skipped": PIPELINE_PRECISION}, None, None
                 continue
-            if model.processor_steps < max(3, layout.pipeline) + 1:
-                yield {**row, "skipped": "the stage planner needs "
-                       f"{max(3, layout.pipeline) + 1} processor steps or more"}, None, None
+            if model.processor_steps < 5:
+                yield {**row, "skipped": "the stage planner needs 5 processor steps or "
+                       "more"}, None, None
                 continue
             lay = layout.replace(microbatches=batch // layout.data)
             # A stage program holds the parameters and their gradients; the whole step

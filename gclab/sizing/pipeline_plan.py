@@ -32,9 +32,10 @@ F_s the forward FLOPs of stage s (its steps, plus encoder or decoder): its forwa
 forward again before the backward (the stage's checkpoint), the backward (two forwards),
 one more forward per checkpointed step, and the state a stage sends per tick over the
 link. The MILP (`scipy.optimize.milp`) has integer k_s, n_s and a continuous tick
-t >= every stage's time; it minimises t. `brute_force` enumerates every split and
-setting (small cases, a check of the MILP), `uniform` gives every stage the same ratio on
-the even split.
+t >= every stage's time; it minimises t. A stage checkpoints none of its steps or at
+least two (`MIN_CHECKPOINTED`: one saves nothing under the stage's checkpoint).
+`brute_force` enumerates every split and setting (small cases, a check of the MILP),
+`uniform` gives every stage the same ratio on the even split.
 
 Shapes: S processor steps, P stages, M micro-batches, b = B / (data x M) samples each.
 """
@@ -127,6 +128,20 @@ class StageChoice:
         return dataclasses.asdict(self)
 
 
+#: The fewest steps a stage checkpoints, when it checkpoints any. Under the stage's own
+#: checkpoint, one checkpointed step (a scan of one iteration) saves nothing: XLA removes
+#: the loop and merges the step's recomputation with the stage's (a first stage of
+#: `cpu-8x128` compiles to about as much with one of its 4 steps checkpointed as with
+#: none, and far less with two).
+MIN_CHECKPOINTED = 2
+
+
+def checkpointable(n: int) -> bool:
+    """Whether a stage may checkpoint `n` of its steps in a plan (0, or at least
+    `MIN_CHECKPOINTED`)."""
+    return n == 0 or n >= MIN_CHECKPOINTED
+
+
 def evaluate(costs: StageCosts, steps: tuple, remat: tuple, microbatches: int,
              budget: float) -> StageChoice:
     """The cost of one choice of stage steps and checkpointed steps."""
@@ -149,16 +164,18 @@ def solve_milp(costs: StageCosts, steps: int, stages: int, microbatches: int,
                budget: float) -> Optional[StageChoice]:
     """The split and checkpointed steps of least predicted step time that fit, by MILP.
 
-    Variables `[k_0..k_{P-1}, n_0..n_{P-1}, t, m]`: steps and checkpointed steps
-    (integers), the tick t and the largest stage's bytes m (continuous). Ties in t are
-    broken towards a smaller m (every device of the compiled step holds the largest
+    Variables `[k_0..k_{P-1}, n_0..n_{P-1}, z_0..z_{P-1}, t, m]`: steps and checkpointed
+    steps (integers), whether a stage checkpoints (binary: n_s is 0 or at least
+    `MIN_CHECKPOINTED`), the tick t and the largest stage's bytes m (continuous). Ties in
+    t are broken towards a smaller m (every device of the compiled step holds the largest
     stage's), then towards fewer checkpointed steps.
 
     Returns:
       The choice, or None when nothing fits.
     """
     P, S = stages, steps
-    nv = 2 * P + 2  # k, n, t, m
+    nv = 3 * P + 2  # k, n, z, t, m
+    T, Mv = 3 * P, 3 * P + 1
     rows, lo, hi = [], [], []
 
     def row(entries: dict, low: float, high: float) -> None:
@@ -177,21 +194,23 @@ def solve_milp(costs: StageCosts, steps: int, stages: int, microbatches: int,
     for s in range(P):
         kind = costs.kind(s, P)
         row({P + s: 1, s: -1}, -np.inf, 0)  # n_s <= k_s
+        row({P + s: 1, 2 * P + s: -S}, -np.inf, 0)  # n_s = 0 unless z_s
+        row({P + s: 1, 2 * P + s: -MIN_CHECKPOINTED}, 0, np.inf)  # z_s: n_s >= the least
         row({s: costs.stored / unit_b, P + s: (costs.checkpointed - costs.stored) / unit_b},
             -np.inf, (budget - costs.base[kind]) / unit_b)  # the stage fits
         row({s: costs.stored / unit_b, P + s: (costs.checkpointed - costs.stored) / unit_b,
-             2 * P + 1: -1}, -np.inf, -costs.base[kind] / unit_b)  # it is at most m
+             Mv: -1}, -np.inf, -costs.base[kind] / unit_b)  # it is at most m
         fixed = costs.seconds(s, P, 0, 0) / unit_s
         row({s: 4 * costs.step_seconds / unit_s, P + s: costs.step_seconds / unit_s,
-             2 * P: -1}, -np.inf, -fixed)  # its tick is at most t
+             T: -1}, -np.inf, -fixed)  # its tick is at most t
     # Ties: m (in budgets, at most one) costs far less than any change of t (a step), and
     # a checkpointed step far less than a change of m by a thousandth of the budget; the
     # solver closes the gap fully, so that the ties hold.
     tie = 1e-8 / max(1, S)
-    c = np.array([0.0] * P + [tie] * P + [1.0, 1e-3])
-    lower = np.array([1] * P + [0] * P + [0.0, -np.inf])
-    upper = np.array([S] * P + [S] * P + [np.inf, np.inf])
-    integrality = np.array([1] * (2 * P) + [0, 0])
+    c = np.array([0.0] * P + [tie] * P + [0.0] * P + [1.0, 1e-3])
+    lower = np.array([1] * P + [0] * P + [0] * P + [0.0, -np.inf])
+    upper = np.array([S] * P + [S] * P + [1] * P + [np.inf, np.inf])
+    integrality = np.array([1] * (3 * P) + [0, 0])
     res = milp(c, constraints=LinearConstraint(np.array(rows), lo, hi),
                integrality=integrality, bounds=Bounds(lower, upper),
                options={"mip_rel_gap": 0.0})
@@ -205,14 +224,16 @@ def uniform(costs: StageCosts, steps: int, stages: int, microbatches: int,
             budget: float) -> StageChoice:
     """One remat ratio for every stage, on the even split: the least ratio that fits.
 
-    Stage s checkpoints ceil(r k_s) of its k_s steps (`MemoryConfig`'s `ratio:r`); r runs
-    over the ratios that change some stage's count. When none fits, r = 1.
+    Stage s checkpoints ceil(r k_s) of its k_s steps (`MemoryConfig`'s `ratio:r`), none
+    where that is one step (it would save nothing, see `MIN_CHECKPOINTED`); r runs over
+    the ratios that change some stage's count. When none fits, r = 1.
     """
     split = even_split(steps, stages)
     ratios = sorted({n / k for k in split for n in range(k + 1)})
     choice = None
     for r in ratios:
         remat = tuple(min(k, math.ceil(r * k - 1e-9)) for k in split)
+        remat = tuple(n if checkpointable(n) else 0 for n in remat)
         choice = evaluate(costs, split, remat, microbatches, budget)
         if choice.fits:
             return choice
@@ -221,11 +242,13 @@ def uniform(costs: StageCosts, steps: int, stages: int, microbatches: int,
 
 def brute_force(costs: StageCosts, steps: int, stages: int, microbatches: int,
                 budget: float) -> Optional[StageChoice]:
-    """Every split and every stage's checkpointed steps: the fastest that fits (small cases)."""
+    """Every split and every stage's checkpointed steps (`checkpointable`): the fastest that
+    fits (small cases)."""
     best = None
     for cuts in itertools.combinations(range(1, steps), stages - 1):
         split = tuple(np.diff((0,) + cuts + (steps,)).tolist())
-        for remat in itertools.product(*(range(k + 1) for k in split)):
+        for remat in itertools.product(*([n for n in range(k + 1) if checkpointable(n)]
+                                         for k in split)):
             choice = evaluate(costs, split, remat, microbatches, budget)
             if choice.fits and (best is None or choice.step_seconds < best.step_seconds - 1e-15):
                 best = choice
@@ -323,43 +346,44 @@ def fit_stage_costs(model: ModelConfig, task: TaskConfig, memory: MemoryConfig,
                     stages: int = 3) -> StageCosts:
     """`StageCosts` from five compiled stage programs and the model's FLOPs.
 
-    Middle stages of 1 and 2 stored steps and of 2 checkpointed steps give the per-step
-    bytes and a middle stage's base; first and last stages of one stored step give theirs.
-    The programs are those of a pipeline of `stages` stages (at least 3, for a middle
-    stage): a device holds a state per tick, M + P - 1 of them.
+    Middle stages of 2 and 3 stored steps and of 3 checkpointed steps give the per-step
+    bytes and a middle stage's base; first and last stages of 2 stored steps give theirs.
+    Stages of one step, or one scan of one step, compile to less than the line through
+    these (XLA simplifies a loop of one iteration), so the model is above them. The
+    programs are those of a pipeline of `stages` stages (at least 3, for a middle stage;
+    at most S - 2, for 3 steps in one): a device holds a state per tick, M + P - 1 of them,
+    so where `stages` is more than the fit's pipeline has, the bases grow by a state per
+    tick it lacks.
     """
     graphs = graphs if graphs is not None else graphs_for(model)
     S = model.processor_steps
-    P = max(3, stages)
-    if S < P + 1:
-        raise ValueError(f"fitting stage costs of {P} stages needs {P + 1} processor steps or "
-                         f"more, not {S}")
+    if S < 5:
+        raise ValueError(f"fitting stage costs needs 5 processor steps or more, not {S}")
+    P = min(max(3, stages), S - 2)
 
-    def compiled(stages, stage, steps, checkpointed):
+    def compiled(stage, steps, checkpointed):
         rest = S - steps
-        split = [steps if s == stage else 0 for s in range(stages)]
-        others = [s for s in range(stages) if s != stage]
+        split = [steps if s == stage else 0 for s in range(P)]
+        others = [s for s in range(P) if s != stage]
         for i in range(rest):  # the other stages' steps: they do not change this stage
             split[others[i % len(others)]] += 1
-        remat = [checkpointed if s == stage else 0 for s in range(stages)]
-        layout = ParallelConfig(pipeline=stages, microbatches=microbatches,
+        remat = [checkpointed if s == stage else 0 for s in range(P)]
+        layout = ParallelConfig(pipeline=P, microbatches=microbatches,
                                 stage_steps=tuple(split), stage_remat=tuple(remat))
         return stage_program_memory(model, task, memory, layout, stage, microbatch, graphs)
 
-    m1 = compiled(P, 1, 1, 0)
-    m2 = compiled(P, 1, 2, 0)
-    m2c = compiled(P, 1, 2, 2)
-    stored = m2 - m1
-    base_mid = m1 - stored
-    checkpointed = (m2c - base_mid) / 2
-    base = {"middle": base_mid, "first": compiled(P, 0, 1, 0) - stored,
-            "last": compiled(P, P - 1, 1, 0) - stored}
     counts = analytical.GraphCounts.for_model(model, graphs.grid2mesh.num_edges)
-    f = analytical.stage_flops(model, task, counts, microbatch)
-    L = model.latent_size
     itemsize = 2 if memory.precision == "bf16" else 4
-    state_bytes = itemsize * microbatch * L * (counts.grid_nodes + counts.mesh_nodes
-                                              + counts.mesh_edges)
+    state_bytes = itemsize * microbatch * model.latent_size * (
+        counts.grid_nodes + counts.mesh_nodes + counts.mesh_edges)
+    m2, m3, m3c = compiled(1, 2, 0), compiled(1, 3, 0), compiled(1, 3, 3)
+    stored = m3 - m2
+    base_mid = m2 - 2 * stored
+    checkpointed = (m3c - base_mid) / 3
+    more = state_bytes * max(0, stages - P)  # states of the ticks the fit's pipeline lacks
+    base = {"middle": base_mid + more, "first": compiled(0, 2, 0) - 2 * stored + more,
+            "last": compiled(P - 1, 2, 0) - 2 * stored + more}
+    f = analytical.stage_flops(model, task, counts, microbatch)
     return StageCosts(base, float(stored), float(checkpointed), f["processor_step"] / flops_per_s,
                       f["encoder"] / flops_per_s, f["decoder"] / flops_per_s,
                       state_bytes / link_bytes_per_s)

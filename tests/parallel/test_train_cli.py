@@ -129,7 +129,7 @@ def test_plan_over_devices_picks_the_fastest_layout_and_recipe_that_fits():
     rows = [r for r in result["candidates"] if "pipeline" not in r["parallel"]]
     piped = [r for r in result["candidates"] if "pipeline" in r["parallel"]]
     # 2 processor steps: too few for the stage planner, said so.
-    assert piped and all("needs 4 processor steps" in r["skipped"] for r in piped)
+    assert piped and all("needs 5 processor steps" in r["skipped"] for r in piped)
     assert {(r["parallel"], r["recipe"]) for r in rows} == {
         (p, r) for p in ("data:2,spatial:1", "data:1,spatial:2") for r in ("none", "lean")}
     fitting = [r for r in rows if r["fits"]]
@@ -158,12 +158,12 @@ def test_pipeline_trains_like_one_device_and_reports_what_it_sends():
 
 
 def test_plan_over_devices_weighs_pipeline_stages_chosen_by_milp():
-    four_steps = [*TINY[:-1], "4"]
-    result = gclab("plan", *four_steps, "--budget", "1GiB", "--devices", "2", "--batch", "2",
+    five_steps = [*TINY[:-1], "5"]
+    result = gclab("plan", *five_steps, "--budget", "1GiB", "--devices", "2", "--batch", "2",
                    "--recipes", "none", "--json")
     (piped,) = [r for r in result["candidates"] if "pipeline" in r["parallel"]]
     stages, one = piped["stages"], piped["uniform"]
-    assert sum(stages["stage_steps"]) == sum(one["stage_steps"]) == 4
+    assert sum(stages["stage_steps"]) == sum(one["stage_steps"]) == 5
     assert stages["fits"] and max(stages["memory_bytes"]) <= piped["stage_budget"]
     assert stages["step_seconds"] <= one["step_seconds"] * (1 + 1e-9)
     assert stages["bubble"] == one["bubble"] == 1 / 3  # P = 2, M = 2
