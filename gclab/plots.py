@@ -598,6 +598,7 @@ def plot_layout_memory(df: pd.DataFrame, one_device_temp: float) -> Figure:
         ax.set(xscale="log", yscale="log", xlabel="devices", ylabel="temp per device",
                title="Per-device temp of one training step, by layout")
         ax.set_xticks(ticks, [str(t) for t in ticks])
+        ax.xaxis.set_minor_locator(NullLocator())  # no "3 x 10^0" between the powers of two
         bytes_axis(ax.yaxis)
         ax.legend(fontsize=8)
     return fig

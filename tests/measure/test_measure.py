@@ -531,6 +531,7 @@ def test_plot_layout_memory_draws_each_layout_and_the_even_split():
     assert [line.get_label() for line in lines] == ["spatial", "data", "1 / D of one device"]
     assert list(lines[-1].get_ydata()) == [800 * MiB, 100 * MiB]
     assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == ["1", "2", "4", "8"]
+    assert fig.axes[0].get_xticklabels(minor=True) == []
 
 
 def test_plot_stage_memory_groups_bars_by_stage_and_refuses_uneven_choices():
