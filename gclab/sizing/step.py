@@ -267,8 +267,10 @@ def compile_train_step(spec: StepSpec, graphs: Optional[Graphs] = None, *,
       seed: seed of the random state and batch when `live`.
       run_if: with `live`, a test of the compiled memory: when it returns False, nothing
         is allocated and the returned step has no `run` (a plan that does not fit).
-      devices: the devices of a layout's mesh (default `jax.devices()`); e.g. a machine
-        with one GPU plans a layout of 8 on its simulated CPU devices, `jax.devices("cpu")`.
+      devices: the devices of a layout's mesh (default `jax.devices()`), or for one device
+        the first of them, whose backend compiles it; e.g. a machine with one GPU plans a
+        layout of 8, and the one-device step it is compared with, on its simulated CPU
+        devices, `jax.devices("cpu")`.
 
     Returns:
       A `CompiledStep`.
@@ -293,6 +295,8 @@ def compile_train_step(spec: StepSpec, graphs: Optional[Graphs] = None, *,
     with contextlib.ExitStack() as stack:
         if mesh is not None:
             stack.enter_context(use_layout(mesh, spec.parallel))
+        elif devices is not None:  # one of the given devices' backend (a CPU beside a GPU)
+            stack.enter_context(jax.default_device(list(devices)[0]))
         if timeline:
             compiled, seconds, lines = compile_with_timeline(
                 step, *args, donate_argnums=donate, name=spec.memory_label(),
