@@ -629,6 +629,7 @@ def plot_stage_memory(series: Mapping[str, Sequence[float]], budget: float,
         ax.set(xlabel="stage", ylabel="compiled memory", xticks=list(stages), title=title)
         bytes_axis(ax.yaxis)
         ax.legend(fontsize=8)
+    return fig
 
 
 def plot_guarded_heatmap(
