@@ -4,6 +4,13 @@ Every process the tests start (workers of `pytest -n`, subprocesses, notebook ke
 shares JAX's persistent compilation cache, so a step compiled once is not compiled again:
 `JAX_COMPILATION_CACHE_DIR` is set here, before JAX starts, unless the caller set it.
 
+Tests compile far more than they run, so every test process skips LLVM's optimisation of
+the generated machine code (`--xla_backend_optimization_level=0` in `XLA_FLAGS`): an
+XLA:CPU compile then takes about half the time, buffer assignment (and so every memory
+figure) is the same, and the tiny steps the tests run take a little longer. The chapters
+are the exception: they time steps for the reader, so their kernels start with the
+caller's `XLA_FLAGS` (`pytest_runtest_setup` below).
+
 The longest items run first (`pytest_collection_modifyitems`), so that the two xdist workers
 do not end with one of them alone on a chapter started last.
 """
@@ -13,6 +20,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(ROOT / ".cache" / "jax"))
+# What a chapter's kernel starts with: the caller's flags, kept in the environment for the
+# xdist workers, which inherit the tests' flags from the process that started them.
+CHAPTER_XLA_FLAGS = os.environ.setdefault("GCLAB_CALLER_XLA_FLAGS",
+                                          os.environ.get("XLA_FLAGS", "")) or None
+TEST_XLA_FLAGS = "--xla_backend_optimization_level=0"
+os.environ["XLA_FLAGS"] = f"{CHAPTER_XLA_FLAGS or ''} {TEST_XLA_FLAGS}".strip()
 
 import pytest  # noqa: E402
 
@@ -22,20 +35,25 @@ DATA = Path(__file__).resolve().parent / "data"
 
 
 # Items that take minutes on two cores, longest first (pytest --durations of a full run):
-# chapters, the compiled-figures budget check, the multi-device subprocess tests, and the
-# device classes of chapter 3. Every other item keeps its collection order after them.
+# the pipeline worker, chapters, the compiled-figures budget check, the multi-device
+# subprocess tests, and the device classes of chapter 3. Every other item keeps its
+# collection order after them.
 LONG_FIRST = (
+    "tests/parallel/test_pipeline.py",
     "book/03_remat.ipynb",
-    "tests/sizing/test_memory_model.py::test_planner_never_exceeds_budget_with_compiled_figures",
-    "book/05_mixed_precision.ipynb",
     "tests/parallel/test_layouts.py",
     "book/06_scaling.ipynb",
+    "book/05_mixed_precision.ipynb",
     "book/08_beyond_one_device.ipynb",
+    "tests/parallel/test_train_cli.py::test_pipeline_trains_like_one_device",
+    "tests/parallel/test_train_cli.py::test_plan_over_devices",
+    "book/07_full_resolution.ipynb",
+    "tests/sizing/test_memory_model.py::test_sweep_timed_and_measured_on_cpu",
+    "tests/test_device_classes.py::test_what_a_chapter_runs_fits_every_device_class[03-",
     "tests/parallel/test_train_cli.py::test_two_processes_train_like_one_process",
     "tests/parallel/test_train_cli.py::test_resumed_run_has_the_losses",
+    "tests/sizing/test_memory_model.py::test_planner_never_exceeds_budget_with_compiled_figures",
     "book/04_xla_fusion.ipynb",
-    "book/07_full_resolution.ipynb",
-    "tests/test_device_classes.py::test_what_a_chapter_runs_fits_every_device_class[03-",
 )
 
 
@@ -50,6 +68,26 @@ def _rank(item: pytest.Item) -> int:
 def pytest_collection_modifyitems(items: list) -> None:
     """Long items first (a stable sort: the rest keep their order)."""
     items.sort(key=_rank)
+
+
+def _is_chapter(item: pytest.Item) -> bool:
+    return item.path.suffix == ".ipynb"
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """A chapter's kernel (started by nbmake) gets the caller's `XLA_FLAGS`, not the tests'."""
+    if _is_chapter(item):
+        if CHAPTER_XLA_FLAGS is None:
+            os.environ.pop("XLA_FLAGS", None)
+        else:
+            os.environ["XLA_FLAGS"] = CHAPTER_XLA_FLAGS
+
+
+def pytest_runtest_teardown(item: pytest.Item) -> None:
+    """Tests after a chapter compile without LLVM optimisation again (for their subprocesses:
+    this process's own XLA read its flags when it started)."""
+    if _is_chapter(item):
+        os.environ["XLA_FLAGS"] = f"{CHAPTER_XLA_FLAGS or ''} {TEST_XLA_FLAGS}".strip()
 
 
 @pytest.fixture(scope="session")

@@ -3,6 +3,7 @@ chapter must have, committed without outputs, with a Colab set-up cell that inst
 from the repository named in `_config.yml` and leaves Colab's JAX alone."""
 
 import json
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -216,3 +217,27 @@ def test_glue_from_another_page_names_a_value_glued_in_that_notebook():
             prefixes = {p for p in glued if p.endswith((".", "_", "-"))}
             assert key in glued or any(key.startswith(p) for p in prefixes), (page, doc, key)
     assert pasted, "the introduction pastes its figures from the chapters"
+
+
+def test_chapters_start_with_the_callers_xla_flags_and_tests_without_llvm_optimisation(
+        request, monkeypatch):
+    """Tests compile without LLVM optimisation (tests/conftest.py); a chapter's kernel, which
+    times steps for the reader, starts with the flags pytest was started with."""
+    conftest = next(p for p in request.config.pluginmanager.get_plugins()
+                    if getattr(p, "__file__", "") == str(ROOT / "tests" / "conftest.py"))
+    assert conftest.TEST_XLA_FLAGS in os.environ["XLA_FLAGS"]
+    monkeypatch.setenv("XLA_FLAGS", os.environ["XLA_FLAGS"])  # restored after the test
+    monkeypatch.setattr(conftest, "CHAPTER_XLA_FLAGS", "--xla_cpu_enable_fast_math=false")
+
+    class Item:
+        def __init__(self, name):
+            self.path = ROOT / name
+
+    chapter, test = Item("book/05_mixed_precision.ipynb"), Item("tests/test_book.py")
+    conftest.pytest_runtest_setup(test)  # a test: nothing changes
+    assert conftest.TEST_XLA_FLAGS in os.environ["XLA_FLAGS"]
+    conftest.pytest_runtest_setup(chapter)
+    assert os.environ["XLA_FLAGS"] == "--xla_cpu_enable_fast_math=false"
+    conftest.pytest_runtest_teardown(chapter)
+    assert os.environ["XLA_FLAGS"] == (
+        f"--xla_cpu_enable_fast_math=false {conftest.TEST_XLA_FLAGS}")

@@ -156,15 +156,28 @@ def edge_messages(p: Params, edges: Array, sender_rows: Array, receiver_rows: Ar
     `projected` says so, node latents already multiplied by their part of the first layer
     (gather after matmul: `W [e, v_s, v_r] = W_e e + (W_s v_s) + (W_r v_r)`, same numbers
     up to float rounding, no `[e, B, 3L]` concatenation).
+
+    In float32 without projections the MLP reads the concatenation, as the official code
+    does. Below float32 (bfloat16) it never concatenates: the three parts of the first
+    layer are multiplied separately and summed in float32, the accumulator one matmul over
+    the concatenation has, then rounded once. A backend without bfloat16 matmuls (XLA:CPU,
+    a T4) widens a matmul's operands to float32, and a concatenated operand would become a
+    float32 `[e, B, 3L]` copy, twice the bytes of the bfloat16 one.
     """
-    if not any(projected):
+    if not any(projected) and jnp.promote_types(edges.dtype, jnp.float32) == edges.dtype:
         return mlp_concat(p, [edges, sender_rows, receiver_rows])  # [e, B, L]
     w, b = p["layers"][0]  # w [3L, L] rows: edge, sender, receiver
     L = edges.shape[-1]
-    h = edges @ w[:L] + b
-    h = h + (sender_rows if projected[0] else sender_rows @ w[L:2 * L])
-    h = h + (receiver_rows if projected[1] else receiver_rows @ w[2 * L:])
-    return mlp_hidden(p, h)  # [e, B, L]
+    acc = jnp.promote_types(edges.dtype, jnp.float32)
+
+    def part(rows: Array, w_part: Array, done: bool) -> Array:  # [e, B, L] in `acc`
+        if done:
+            return rows.astype(acc)
+        return jnp.matmul(rows, w_part, preferred_element_type=acc)
+
+    h = (part(edges, w[:L], False) + b.astype(acc) + part(sender_rows, w[L:2 * L], projected[0])
+         + part(receiver_rows, w[2 * L:], projected[1]))
+    return mlp_hidden(p, h.astype(edges.dtype))  # [e, B, L]
 
 
 def project(p: Params, latent: Array, part: str) -> Array:
@@ -172,11 +185,6 @@ def project(p: Params, latent: Array, part: str) -> Array:
     w = p["layers"][0][0]
     L = latent.shape[-1]
     return latent @ (w[L:2 * L] if part == "sender" else w[2 * L:])  # [N, B, L]
-
-
-def _node_side(p: Params, latent: Array, part: str, gather_after_matmul: bool) -> Array:
-    """What edges gather from a node set: its latents, or their projection."""
-    return project(p, latent, part) if gather_after_matmul else latent
 
 
 def node_side(p: Params, latent: Array, part: str, gather_after_matmul: bool) -> Array:

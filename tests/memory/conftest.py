@@ -42,3 +42,9 @@ def compiled_grad_temp(cfg: ModelConfig, mem: MemoryConfig, compiler_options=Non
 def grad_temp():
     """`compiled_grad_temp(cfg, mem, compiler_options=None)`, for the tests of this folder."""
     return compiled_grad_temp
+
+
+@pytest.fixture(scope="session")
+def shapes_of():
+    """`abstract_inputs(cfg)`: (graph inputs, float32 inputs) of `cfg` as shapes."""
+    return abstract_inputs

@@ -9,6 +9,8 @@ XLA:CPU does not copy to float32. Savings: XLA:CPU compiled temp bytes of one
 loss-and-gradient computation, from shapes (deterministic, nothing is timed).
 """
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -17,7 +19,8 @@ import pytest
 from gclab.config import ModelConfig
 from gclab.memory import RECIPES, get_recipe
 from gclab.memory.precision import residuals_as_bits
-from gclab.model.layers import float32_layer_norm, layer_norm
+from gclab.model import make_network
+from gclab.model.layers import edge_messages, float32_layer_norm, layer_norm, mlp_concat
 
 C, O = 5, 4
 # 10 deg / 2 splits, 4 x 32; the recipes' edge blocks are scaled down to this graph.
@@ -87,3 +90,51 @@ def test_residuals_as_bits_keeps_values_and_stores_uint16():
     _, pullback = jax.vjp(residuals_as_bits(step), carry, ws[0])
     residuals = jax.tree_util.tree_leaves(pullback)
     assert residuals and all(r.dtype != jnp.bfloat16 for r in residuals)
+
+
+def _edge_mlp(key, L=32, hidden=1):
+    """Random parameters of an edge MLP from 3L to L (bias, LayerNorm), float32."""
+    k = jax.random.split(key, 4)
+    layers = [(0.2 * jax.random.normal(k[0], (3 * L, L)), 0.1 * jax.random.normal(k[1], (L,)))]
+    layers += [(0.2 * jax.random.normal(k[2], (L, L)), jnp.zeros(L))] * hidden
+    return {"layers": layers, "norm": (jnp.ones(L), jnp.zeros(L))}
+
+
+def test_bfloat16_edge_messages_equal_the_concatenated_matmul_rounded():
+    """Below float32 the first layer's three parts are multiplied apart and summed in float32:
+    the concatenated float32 matmul of the same bfloat16 values, to bfloat16 rounding."""
+    keys = jax.random.split(jax.random.PRNGKey(3), 4)
+    p = _edge_mlp(keys[0])
+    rows = [_bf16_rows(k) for k in keys[1:]]
+    p16 = jax.tree_util.tree_map(lambda a: a.astype(jnp.bfloat16), p)
+    got = edge_messages(p16, *rows)
+    f32 = lambda t: jax.tree_util.tree_map(lambda a: a.astype(jnp.float32), t)  # noqa: E731
+    want = mlp_concat(f32(p16), f32(rows))  # the official form, in float32
+    assert got.dtype == jnp.bfloat16
+    np.testing.assert_allclose(np.float32(got), np.float32(want), rtol=3e-2, atol=3e-2)
+    assert float(jnp.linalg.norm(got.astype(jnp.float32) - want) / jnp.linalg.norm(want)) < 1e-2
+
+
+def _f32_concatenations(hlo: str, width: int) -> int:
+    """Instructions of the optimised HLO with a float32 result `width` wide (last axis)."""
+    return len(re.findall(rf"= f32\[[\d,]*,{width}\]", hlo))
+
+
+def test_bfloat16_steps_keep_no_float32_concatenation_of_edge_latents(shapes_of):
+    """XLA:CPU widens a bfloat16 matmul's operands to float32: a concatenated `[E, B, 3L]`
+    operand would be a float32 copy. float32 steps read the concatenation (the official
+    form), which shows the check finds one where there is one."""
+    graph, inputs = shapes_of(CFG)
+    counts = {}
+    for precision in ("f32", "bf16"):
+        net = make_network(CFG, C, O, get_recipe("none", precision))
+        params = jax.eval_shape(net.init, jax.random.PRNGKey(0), graph, inputs)
+
+        def loss(p, g, x, net=net):
+            return jnp.mean(net.apply(p, g, x) ** 2)
+
+        hlo = jax.jit(jax.grad(loss)).lower(params, graph, inputs).compile(
+            compiler_options={"xla_backend_optimization_level": 0}).as_text()
+        counts[precision] = _f32_concatenations(hlo, 3 * CFG.latent_size)
+    assert counts["f32"] > 0
+    assert counts["bf16"] == 0

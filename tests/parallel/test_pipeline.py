@@ -42,6 +42,8 @@ PLANS = ["pipeline:2,microbatches:2", "pipeline:4,microbatches:4"]
 # The planner's bytes per device may exceed the compiled step's by this fraction at most
 # (it must never be below).
 PLAN_SLACK = 0.25
+# Both tests read one worker run (a module fixture): on one xdist worker, it runs once.
+pytestmark = pytest.mark.xdist_group("pipeline")
 
 
 @pytest.fixture(scope="module")
