@@ -553,7 +553,9 @@ def main() -> int:
 
     if args.report_only:
         for path in sorted(args.output_dir.glob("official-*.json")):
-            _write(path.with_suffix(".md"), markdown(json.loads(path.read_text())))
+            record = json.loads(path.read_text())
+            if record.get("benchmark") == "official_side_by_side":  # not the forecast's
+                _write(path.with_suffix(".md"), markdown(record))
         return 0
 
     if args.child:
@@ -575,8 +577,10 @@ def main() -> int:
         again = record["provenance"]
         record = json.loads(path.read_text())
         record["memory"] = [r for r in record["memory"] if r["precision"] != args.only_memory]
-        record.setdefault("remeasured", []).append(
-            {"what": f"compiled memory, {args.only_memory}", "provenance": again})
+        what = f"compiled memory, {args.only_memory}"
+        # An earlier re-measure of the same rows names a commit whose figures are gone.
+        record["remeasured"] = [r for r in record.get("remeasured", []) if r["what"] != what]
+        record["remeasured"].append({"what": what, "provenance": again})
     precisions = (args.only_memory,) if args.only_memory else ("f32", "bf16")
     with tempfile.TemporaryDirectory(prefix="gclab-official-bench-") as cache:
         env = {**os.environ, "GCLAB_CACHE_DIR": cache,
