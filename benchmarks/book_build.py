@@ -70,8 +70,11 @@ def main(argv: list[str] | None = None) -> int:
              ["jupyter-book", "build", ".", "-W", "--keep-going"]]
     env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1", "VIRTUAL_ENV": str(venv),
            "PATH": f"{venv / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"}
-    for name in ("MPLBACKEND", "PYTHONPATH", "PYTHONHOME"):
+    for name in ("MPLBACKEND", "PYTHONPATH", "PYTHONHOME", "XLA_FLAGS"):
         env.pop(name, None)
+    # A fresh machine has nothing in JAX's compilation cache (the chapters' default,
+    # ~/.cache/gclab/jax, holds this machine's earlier builds).
+    env["JAX_COMPILATION_CACHE_DIR"] = str(work / "jax-cache")
     step_seconds = {}
     for command in steps:
         t0 = time.perf_counter()

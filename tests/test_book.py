@@ -97,13 +97,15 @@ def test_colab_cell_installs_every_dependency_colab_lacks(name):
 
 
 @pytest.mark.parametrize("name", CHAPTERS)
-def test_first_cell_sets_allocation_installs_the_book_tag_and_checks_jax(name):
+def test_first_cell_sets_allocation_and_the_cache_installs_the_book_tag_and_checks_jax(name):
     from gclab.versions import book_ref
 
     setup = next(src for kind, src, _ in _cells(name) if kind == "code")
     preallocate = 'os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")'
     assert preallocate in setup
     assert setup.index(preallocate) < setup.index("import jax")
+    cache = 'os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", '
+    assert cache in setup and setup.index(cache) < setup.index("import jax")
     assert "import gclab" not in setup[:setup.index(preallocate)]
     assert re.findall(r'GCLAB_REF = "([^"]+)"', setup) == [book_ref()]
     assert "gclab.git@{GCLAB_REF}" in setup
