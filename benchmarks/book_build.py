@@ -17,23 +17,11 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import shutil
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "benchmarks" / "results"
-
-
-def _hardware() -> dict:
-    from gclab.notebook import hardware_report
-
-    return dict(hardware_report())
+from fresh_clone import FreshClone, hardware, write_record
 
 
 def _chapter_seconds(build_dir: Path) -> dict[str, float]:
@@ -56,61 +44,31 @@ def main(argv: list[str] | None = None) -> int:
                         help="clone into DIR and keep it (default: a temporary folder)")
     args = parser.parse_args(argv)
 
-    work = Path(args.keep or tempfile.mkdtemp(prefix="gclab_book_"))
-    clone = work / "gclab"
-    if clone.exists():
-        shutil.rmtree(clone)
-    subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=clone, check=True,
-                            capture_output=True, text=True).stdout.strip()
-    venv = work / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)]
-                   + (["--system-site-packages"] if args.system_packages else []), check=True)
+    fresh = FreshClone(args.keep, "gclab_book_", args.system_packages)
     steps = [["pip", "install", "-q", "-r", "requirements.txt"],
              ["jupyter-book", "build", ".", "-W", "--keep-going"]]
-    env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1", "VIRTUAL_ENV": str(venv),
-           "PATH": f"{venv / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"}
-    for name in ("MPLBACKEND", "PYTHONPATH", "PYTHONHOME", "XLA_FLAGS"):
-        env.pop(name, None)
-    # A fresh machine has nothing in JAX's compilation cache (the chapters' default,
-    # ~/.cache/gclab/jax, holds this machine's earlier builds).
-    env["JAX_COMPILATION_CACHE_DIR"] = str(work / "jax-cache")
     step_seconds = {}
     for command in steps:
-        t0 = time.perf_counter()
-        result = subprocess.run([str(venv / "bin" / command[0]), *command[1:]], cwd=clone,
-                                env=env)
-        if result.returncode:
-            print(f"failed ({result.returncode}): {' '.join(command)}", file=sys.stderr)
-            return result.returncode
-        name = "pip install" if command[0] == "pip" else "jupyter-book build"
-        step_seconds[name] = round(time.perf_counter() - t0, 1)
-    seconds = sum(step_seconds.values())
-    chapters = _chapter_seconds(clone / "_build")
-    html = sorted(p.name for p in (clone / "_build" / "html" / "book").glob("*.html"))
+        code, seconds = fresh.run(command)
+        if code:
+            print(f"failed ({code}): {' '.join(command)}", file=sys.stderr)
+            return code
+        step_seconds["pip install" if command[0] == "pip" else "jupyter-book build"] = seconds
+    build = fresh.clone / "_build"
     record = {
         "benchmark": "README build command on a fresh clone",
         "command": " && ".join(" ".join(c) for c in steps),
-        "environment": "new virtual environment"
-                       + (" seeing the system packages" if args.system_packages else ""),
-        "commit": commit,
-        "hardware": _hardware(),
+        "environment": fresh.environment,
+        "commit": fresh.commit,
+        "hardware": hardware(),
         "date": time.strftime("%Y-%m-%d", time.gmtime()),
-        "total_seconds": round(seconds, 1),
+        "total_seconds": round(sum(step_seconds.values()), 1),
         "step_seconds": step_seconds,
-        "chapter_execution_seconds": chapters,
-        "html_pages": html,
+        "chapter_execution_seconds": _chapter_seconds(build),
+        "html_pages": sorted(p.name for p in (build / "html" / "book").glob("*.html")),
     }
-    backend = record["hardware"].get("backend", "cpu")
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    out = RESULTS / f"book-build-{backend}.json"
-    tmp = out.with_name(f".{out.name}.tmp")  # written whole, then renamed into place
-    tmp.write_text(json.dumps(record, indent=2) + "\n")
-    os.replace(tmp, out)
-    print(json.dumps(record, indent=2))
-    print(f"wrote {out.relative_to(ROOT)}")
-    if not args.keep:
-        shutil.rmtree(work, ignore_errors=True)
+    write_record("book-build", record)
+    fresh.done()
     return 0
 
 

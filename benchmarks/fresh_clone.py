@@ -1,0 +1,95 @@
+"""A fresh clone in a new virtual environment: what the README's commands meet on a new machine.
+
+Shared by the benchmarks that time those commands (`book_build.py`, `ci_run.py`): the
+repository's committed state is cloned into a work folder, a new virtual environment is made
+beside it, and commands run in the clone with that environment first on the PATH and none
+of this process's Python, XLA or JAX cache settings (a fresh machine has none; the clone's
+own JAX compilation cache starts empty). The environment this runs in is left untouched:
+``pip install -r requirements.txt`` installs gclab (editable) into the new environment only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+
+
+class FreshClone:
+    """`ROOT` cloned into `work/gclab` with a new virtual environment `work/venv`."""
+
+    def __init__(self, keep: str | None, prefix: str, system_packages: bool = False):
+        self.keep = keep
+        self.work = Path(keep or tempfile.mkdtemp(prefix=prefix))
+        self.clone = self.work / "gclab"
+        if self.clone.exists():
+            shutil.rmtree(self.clone)
+        subprocess.run(["git", "clone", "-q", str(ROOT), str(self.clone)], check=True)
+        self.commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=self.clone,
+                                     check=True, capture_output=True, text=True).stdout.strip()
+        self.venv = self.work / "venv"
+        subprocess.run([sys.executable, "-m", "venv", str(self.venv)]
+                       + (["--system-site-packages"] if system_packages else []), check=True)
+        self.environment = ("new virtual environment"
+                            + (" seeing the system packages" if system_packages else ""))
+        env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1", "VIRTUAL_ENV": str(self.venv),
+               "PATH": f"{self.venv / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"}
+        for name in ("MPLBACKEND", "PYTHONPATH", "PYTHONHOME", "XLA_FLAGS",
+                     "JAX_COMPILATION_CACHE_DIR", "GCLAB_CALLER_XLA_FLAGS"):
+            env.pop(name, None)
+        # The chapters' default cache (~/.cache/gclab/jax) holds this machine's earlier
+        # builds: a fresh machine's is empty.
+        env["JAX_COMPILATION_CACHE_DIR"] = str(self.work / "jax-cache")
+        self.env = env
+
+    def run(self, command: list[str], log: Path | None = None, **env: str) -> tuple[int, float]:
+        """Runs `command` in the clone (its program from the new environment's bin if there);
+        returns its exit status and wall seconds. With `log`, its output goes there too."""
+        program = self.venv / "bin" / command[0]
+        argv = [str(program) if program.exists() else command[0], *command[1:]]
+        start = time.perf_counter()
+        if log is None:
+            code = subprocess.run(argv, cwd=self.clone, env={**self.env, **env}).returncode
+        else:
+            with open(log, "w") as out:
+                proc = subprocess.Popen(argv, cwd=self.clone, env={**self.env, **env},
+                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                        text=True)
+                for line in proc.stdout:  # shown as it comes, and kept
+                    sys.stdout.write(line)
+                    out.write(line)
+                code = proc.wait()
+        return code, round(time.perf_counter() - start, 1)
+
+    def done(self) -> None:
+        """Removes the work folder unless it was asked to be kept."""
+        if not self.keep:
+            shutil.rmtree(self.work, ignore_errors=True)
+
+
+def hardware() -> dict:
+    """This machine's hardware report (`gclab.notebook.hardware_report`)."""
+    from gclab.notebook import hardware_report
+
+    return dict(hardware_report())
+
+
+def write_record(name: str, record: dict) -> Path:
+    """Writes `record` to ``benchmarks/results/<name>-<backend>.json`` whole, then renamed."""
+    backend = record["hardware"].get("backend", "cpu")
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    out = RESULTS / f"{name}-{backend}.json"
+    tmp = out.with_name(f".{out.name}.tmp")
+    tmp.write_text(json.dumps(record, indent=2) + "\n")
+    os.replace(tmp, out)
+    print(json.dumps(record, indent=2))
+    print(f"wrote {out.relative_to(ROOT)}")
+    return out
