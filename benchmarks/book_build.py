@@ -16,12 +16,11 @@ Usage:
 
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 from pathlib import Path
 
-from fresh_clone import FreshClone, hardware, write_record
+from fresh_clone import FreshClone, arguments, hardware, write_record
 
 
 def _chapter_seconds(build_dir: Path) -> dict[str, float]:
@@ -37,12 +36,7 @@ def _chapter_seconds(build_dir: Path) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--system-packages", action="store_true",
-                        help="let the new environment see this Python's packages")
-    parser.add_argument("--keep", metavar="DIR",
-                        help="clone into DIR and keep it (default: a temporary folder)")
-    args = parser.parse_args(argv)
+    args = arguments(__doc__, argv)
 
     fresh = FreshClone(args.keep, "gclab_book_", args.system_packages)
     steps = [["pip", "install", "-q", "-r", "requirements.txt"],

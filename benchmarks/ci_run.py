@@ -15,14 +15,13 @@ Usage:
 
 from __future__ import annotations
 
-import argparse
 import os
 import re
 import sys
 import time
 from pathlib import Path
 
-from fresh_clone import FreshClone, hardware, write_record
+from fresh_clone import FreshClone, arguments, hardware, write_record
 
 PHASE = re.compile(r"^ci: (.+) took (\d+) s$")
 SUMMARY = re.compile(r"^=+ (.*\d+ passed.*) in [\d.]+s")
@@ -41,12 +40,7 @@ def read_log(text: str) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--system-packages", action="store_true",
-                        help="let the new environment see this Python's packages")
-    parser.add_argument("--keep", metavar="DIR",
-                        help="clone into DIR and keep it (default: a temporary folder)")
-    args = parser.parse_args(argv)
+    args = arguments(__doc__, argv)
 
     fresh = FreshClone(args.keep, "gclab_ci_", args.system_packages)
     load_before = round(os.getloadavg()[0], 2)

@@ -10,6 +10,7 @@ own JAX compilation cache starts empty). The environment this runs in is left un
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shutil
@@ -21,6 +22,16 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
+
+
+def arguments(doc: str, argv: list[str] | None) -> argparse.Namespace:
+    """The options every fresh-clone benchmark takes: `--system-packages`, `--keep DIR`."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--system-packages", action="store_true",
+                        help="let the new environment see this Python's packages")
+    parser.add_argument("--keep", metavar="DIR",
+                        help="clone into DIR and keep it (default: a temporary folder)")
+    return parser.parse_args(argv)
 
 
 class FreshClone:
