@@ -4,7 +4,8 @@ The README shows numbers only through this script: the recipe table comes from
 `benchmarks/results/memory-cpu.json` (written by `memory_recipes.py`) and the planner
 example from `benchmarks/results/plan-graphcast-small-T4.txt` (the output of
 `python -m gclab plan --budget T4 --preset graphcast-small`), the book's build time from
-`benchmarks/results/book-build-cpu.json` (written by `book_build.py`), the per-device
+`benchmarks/results/book-build-cpu.json` (written by `book_build.py`), the CI run from
+`benchmarks/results/ci-run-cpu.json` (`ci_run.py`), the per-device
 table from `benchmarks/results/parallel-memory-cpu-*.json` (written by `parallel_memory.py`),
 the cluster plans from `benchmarks/results/cluster-plans-cpu.json` (`cluster_plans.py`).
 `tests/test_readme.py` checks that the README matches them.
@@ -83,6 +84,24 @@ def book_block() -> str:
             f"{chapters}.")
 
 
+def ci_block() -> str:
+    record = json.loads((RESULTS / "ci-run-cpu.json").read_text())
+    if not record["passed"]:
+        raise ValueError("the recorded CI run failed: it has no time to show")
+    hw, phases = record["hardware"], record["phase_seconds"]
+    pytest_seconds = next(v for k, v in phases.items() if k.startswith("pytest"))
+    load = record["load_average_1min"]
+    chapters = ", ".join(f"{s['item'].split('/')[1].split('_')[0]} {s['seconds']:.0f} s"
+                         for s in record["slowest"] if s["item"].startswith("book/"))
+    return (f"Measured with `python benchmarks/ci_run.py` (`bash .ci/run` on a fresh clone, "
+            f"{record['environment']}; {hw['cpu cores']}-core {hw['backend']}, "
+            f"{hw['host memory']} RAM, {record['date']}, commit {record['commit']}, load "
+            f"average {load['before']:g} before): {record['total_seconds'] / 60:.1f} minutes in "
+            f"all, the tests and chapters {pytest_seconds / 60:.1f} of them "
+            f"({record['pytest_summary']}, on two workers); the slowest chapters under nbmake: "
+            f"{chapters}.")
+
+
 def parallel_block() -> str:
     records = [json.loads((RESULTS / f"parallel-memory-cpu-{name}.json").read_text())
                for name in ("1deg", "025deg")]
@@ -153,7 +172,7 @@ def cluster_block() -> str:
 
 
 BLOCKS = {"memory-table": memory_block, "plan-example": plan_block, "book-build": book_block,
-          "parallel-table": parallel_block, "cluster-plans": cluster_block}
+          "ci-run": ci_block, "parallel-table": parallel_block, "cluster-plans": cluster_block}
 
 
 def render(readme: str) -> str:
