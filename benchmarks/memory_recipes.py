@@ -377,16 +377,13 @@ def main() -> int:
     hw = hardware()
     presets = ["cpu-16x512"] if args.quick else ["cpu-16x512", "graphcast-small", "graphcast"]
     path = RESULTS / f"memory-{hw['backend']}.json"
-    if args.report_only:
+    if args.report_only or args.only == "claim":
         record = json.loads(path.read_text())
         rows, rollouts, timing = record["recipes"], record["rollout"], record["step_time"]
         norms = record.get("layer_norm_bf16_error", [])
-    elif args.only == "claim":
-        record = json.loads(path.read_text())
-        rows, rollouts, timing = record["recipes"], record["rollout"], record["step_time"]
-        norms = record.get("layer_norm_bf16_error", [])
-        record["authors_claim"] = authors_claim()
-        record["hardware_claim"] = hw
+        if args.only == "claim":
+            record["authors_claim"] = authors_claim()
+            record["hardware_claim"] = hw
     elif args.only:
         record = json.loads(path.read_text())
         order = {p: i for i, p in enumerate(presets)}

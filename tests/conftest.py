@@ -25,7 +25,14 @@ os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(ROOT / ".cache" / "jax"))
 CHAPTER_XLA_FLAGS = os.environ.setdefault("GCLAB_CALLER_XLA_FLAGS",
                                           os.environ.get("XLA_FLAGS", "")) or None
 TEST_XLA_FLAGS = "--xla_backend_optimization_level=0"
-os.environ["XLA_FLAGS"] = f"{CHAPTER_XLA_FLAGS or ''} {TEST_XLA_FLAGS}".strip()
+
+
+def _tests_xla_flags() -> str:
+    """A test process's `XLA_FLAGS`: the caller's, then the tests' own."""
+    return f"{CHAPTER_XLA_FLAGS or ''} {TEST_XLA_FLAGS}".strip()
+
+
+os.environ["XLA_FLAGS"] = _tests_xla_flags()
 
 import pytest  # noqa: E402
 
@@ -87,7 +94,7 @@ def pytest_runtest_teardown(item: pytest.Item) -> None:
     """Tests after a chapter compile without LLVM optimisation again (for their subprocesses:
     this process's own XLA read its flags when it started)."""
     if _is_chapter(item):
-        os.environ["XLA_FLAGS"] = f"{CHAPTER_XLA_FLAGS or ''} {TEST_XLA_FLAGS}".strip()
+        os.environ["XLA_FLAGS"] = _tests_xla_flags()
 
 
 @pytest.fixture(scope="session")
