@@ -28,7 +28,6 @@ TIMEOUT = 900
 
 def gclab(*argv: str, extra_env: dict | None = None, wait: bool = True):
     env = dict(os.environ, XLA_FLAGS="--xla_backend_optimization_level=0",
-               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
                PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH"))
                                           if p), **(extra_env or {}))
     cmd = [sys.executable, "-m", "gclab", *argv]
