@@ -21,14 +21,13 @@ import argparse
 import datetime as dt
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fresh_clone import ROOT, hardware, write_record  # noqa: E402
+from fresh_clone import ROOT, commit, hardware, write_record  # noqa: E402
 
 MARK = "GCLAB-PROFILE "
 # Registered in the kernel after the chapter's first cell (which starts JAX).
@@ -88,26 +87,17 @@ def profile(path: Path, timeout: int, slowest: int) -> dict:
 
     nb = nbformat.read(path, as_version=4)
     code = [(i, c) for i, c in enumerate(nb.cells) if c.cell_type == "code"]
-    cells = []
-    for k, (_, cell) in enumerate(code):
-        cells.append(cell)
-        if k == 0:
-            cells.append(nbformat.v4.new_code_cell(LISTEN))
-        cells.append(nbformat.v4.new_code_cell(REPORT))
-    nb.cells = cells
+    reports = [nbformat.v4.new_code_cell(REPORT) for _ in code]
+    nb.cells = [c for (_, cell), report in zip(code, reports) for c in (cell, report)]
+    nb.cells.insert(1, nbformat.v4.new_code_cell(LISTEN))  # once the first cell started JAX
     client = NotebookClient(nb, timeout=timeout, kernel_name="python3", record_timing=True,
                             resources={"metadata": {"path": str(path.parent)}})
     start = time.perf_counter()
     client.execute()
     seconds = time.perf_counter() - start
-    rows, k = [], 0
-    for index, cell in code:
-        while nb.cells[k] is not cell:
-            k += 1
-        report = nb.cells[k + 2] if k == 0 else nb.cells[k + 1]
-        rows.append({"cell": index, "seconds": _seconds(cell.metadata),
-                     **_sums(_counts(report.outputs)),
-                     "first_line": cell.source.splitlines()[0][:80] if cell.source else ""})
+    rows = [{"cell": index, "seconds": _seconds(cell.metadata), **_sums(_counts(report.outputs)),
+             "first_line": cell.source.splitlines()[0][:80] if cell.source else ""}
+            for (index, cell), report in zip(code, reports)]
     totals = {key: round(sum(r[key] for r in rows), 1) for key in EVENTS}
     top = sorted(rows, key=lambda r: -(r["seconds"] or 0.0))[:slowest]
     return {"chapter": path.stem, "seconds": round(seconds, 1), **totals,
@@ -145,11 +135,9 @@ def main(argv: list[str] | None = None) -> int:
         chapters.append(profile(path, int(args.timeout), int(args.slowest)))
         print(f"{path.stem}: {chapters[-1]['seconds']} s, compiles "
               f"{chapters[-1]['compile_seconds']} s", flush=True)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                            capture_output=True, text=True).stdout.strip()
     hw = hardware()
     record = {"benchmark": "chapters executed one after another, JAX events counted per cell",
-              "commit": commit, "hardware": hw, "date": hw.get("date"),
+              "commit": commit(), "hardware": hw, "date": hw.get("date"),
               "cache": "JAX compilation cache empty at the start, shared by the chapters",
               "xla_flags": os.environ.get("XLA_FLAGS", ""),
               "seconds": round(sum(c["seconds"] for c in chapters), 1),

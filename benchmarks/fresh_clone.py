@@ -34,6 +34,12 @@ def arguments(doc: str, argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def commit(repo: Path = ROOT) -> str:
+    """The short hash of `repo`'s checked-out commit."""
+    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=repo, check=True,
+                          capture_output=True, text=True).stdout.strip()
+
+
 class FreshClone:
     """`ROOT` cloned into `work/gclab` with a new virtual environment `work/venv`."""
 
@@ -44,8 +50,7 @@ class FreshClone:
         if self.clone.exists():
             shutil.rmtree(self.clone)
         subprocess.run(["git", "clone", "-q", str(ROOT), str(self.clone)], check=True)
-        self.commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=self.clone,
-                                     check=True, capture_output=True, text=True).stdout.strip()
+        self.commit = commit(self.clone)
         self.venv = self.work / "venv"
         subprocess.run([sys.executable, "-m", "venv", str(self.venv)]
                        + (["--system-site-packages"] if system_packages else []), check=True)
