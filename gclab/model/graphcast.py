@@ -608,6 +608,11 @@ def make_network(model: ModelConfig, data_channels: int, output_channels: int,
             raise ValueError(f"inputs have {inputs.shape[0]} grid nodes, the graph has "
                              f"{graph.grid_nodes.shape[0]}")
         P = _all_params(model, data_channels, output_channels)
+        if hk.running_init():
+            # Every parameter is made above, and `init` returns only parameters: running the
+            # network here would be thrown away (op by op when `init` is not jitted, 10 s
+            # for cpu-4x32 on 2 cores, against under 1 s for the parameters alone).
+            return jnp.zeros((inputs.shape[0], inputs.shape[1], output_channels), jnp.float32)
         return graphcast_forward(P, graph, inputs, mem)
 
     return hk.without_apply_rng(hk.transform(forward))

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import logging
+import re
+
 import matplotlib
 
 matplotlib.use("Agg")
@@ -475,7 +478,7 @@ def test_stage_colors_fixed():
     assert plots.stage_color("backward: encoder") != plots.stage_color("encoder")
 
 
-def test_one_compile_gives_memory_timeline_and_a_runnable_step():
+def test_one_compile_gives_memory_timeline_and_a_runnable_step(caplog):
     """`compile_train_step` compiles once for real arrays: its memory equals the figure from
     shapes alone, its timeline agrees with it, and the step runs (and trains)."""
     import dataclasses
@@ -486,7 +489,12 @@ def test_one_compile_gives_memory_timeline_and_a_runnable_step():
     preset = PRESETS["cpu-4x32"]
     model = dataclasses.replace(preset.model, latent_size=16, processor_steps=2)
     spec = StepSpec(model, preset.task, MemoryConfig(processor_remat="step"))
-    step = compile_train_step(spec, timeline=True, live=True)
+    with jax.log_compiles(True), caplog.at_level(logging.WARNING):
+        step = compile_train_step(spec, timeline=True, live=True)
+    compiled = re.findall(r"Compiling (jit\(\w+\))", caplog.text)
+    assert "jit(step)" in compiled
+    # The random state and batch are drawn on the host: no random kernel is compiled for them.
+    assert not [name for name in compiled if "normal" in name or "threefry_split" in name]
     assert step.memory.temp_bytes == train_step_memory(spec).temp_bytes
     assert step.timeline.temp_bytes == step.memory.temp_bytes
     assert step.timeline.peak_bytes <= step.memory.temp_bytes

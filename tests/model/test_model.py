@@ -1,6 +1,7 @@
 """The network: parameter counts, the official tree, jit vs no-jit, configs and errors."""
 
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -58,6 +59,30 @@ def tiny():
     net = make_network(cfg, 5, 4)
     params = net.init(jax.random.PRNGKey(0), graph, inputs)
     return cfg, graph, inputs, net, params
+
+
+def _primitives(jaxpr) -> set:
+    """Names of every primitive in `jaxpr`, inner jaxprs (scan bodies, ...) included."""
+    names = set()
+    for eqn in jaxpr.eqns:
+        names.add(eqn.primitive.name)
+        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+            names |= _primitives(sub)
+    return names
+
+
+def test_init_makes_the_parameters_without_running_the_network(tiny):
+    """`init` draws the parameters and nothing else: no matrix product, no scan."""
+    _, graph, inputs, net, params = tiny
+    used = _primitives(jax.make_jaxpr(net.init)(jax.random.PRNGKey(0), graph, inputs).jaxpr)
+    assert "erf_inv" in used  # the truncated-normal weights are drawn
+    assert not used & {"dot_general", "scan", "scatter-add"}
+    applied = _primitives(jax.make_jaxpr(net.apply)(params, graph, inputs).jaxpr)
+    assert {"dot_general", "scan"} <= applied  # the names are right: apply has them
+    jitted = jax.jit(net.init)(jax.random.PRNGKey(0), graph, inputs)  # the same draws
+    assert jax.tree_util.tree_structure(jitted) == jax.tree_util.tree_structure(params)
+    for a, b in zip(jax.tree_util.tree_leaves(jitted), jax.tree_util.tree_leaves(params)):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)  # fused: a last bit may move
 
 
 def test_jit_and_no_jit_agree(tiny):
