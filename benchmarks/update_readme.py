@@ -78,10 +78,12 @@ def book_block() -> str:
     steps = record.get("step_seconds", {})
     pip = (f" (`pip install` {steps['pip install'] / 60:.1f} of them, into a "
            f"{record['environment']})" if "pip install" in steps else "")
+    at_once = record.get("chapters_at_once", 1)
+    side = (f"; chapter execution times, {at_once} chapters at a time (each sharing the "
+            f"machine): " if at_once > 1 else "; chapter execution times: ")
     return (f"Measured with `python benchmarks/book_build.py` on a fresh clone "
             f"({hw['cpu cores']}-core {hw['backend']}, {hw['host memory']} RAM, {record['date']}): "
-            f"{record['total_seconds'] / 60:.1f} minutes in all{pip}; chapter execution times: "
-            f"{chapters}.")
+            f"{record['total_seconds'] / 60:.1f} minutes in all{pip}{side}{chapters}.")
 
 
 def ci_block() -> str:

@@ -22,7 +22,8 @@ def test_measured_blocks_match_the_recorded_results():
 
 def test_readme_states_the_two_commands_that_ci_runs():
     readme = (ROOT / "README.md").read_text()
-    assert "pip install -r requirements.txt && jupyter-book build . -W --keep-going" in readme
+    assert ("pip install -r requirements.txt && python book/run_chapters.py && "
+            "jupyter-book build . -W --keep-going") in readme
     assert "pip install -r requirements.txt && pytest" in readme
     ci = (ROOT / ".ci" / "run").read_text()
     assert "pip install -q -r requirements.txt" in ci

@@ -3,11 +3,13 @@
 Run as `python layout_worker.py N LAYOUT@MEMORY@ROLLOUT[;LAYOUT@MEMORY@ROLLOUT...]` in a
 fresh process: it asks for N simulated CPU devices before JAX starts, and for each case (a
 layout `data:A,spatial:B` on the first A * B devices, a memory setting, see `memory_of`, and
-a rollout length) computes the loss and gradients on one device and under the layout, and
-prints one JSON line with the largest relative differences. One process runs every case, so
-JAX starts, the graphs are built and the model initialised once, and each one-device
-reference (one per memory setting and rollout) is compiled once. Compiles skip LLVM
-optimisation (`plan_only_options`), which keeps them fast.
+a rollout length) computes the loss and gradients under the layout, and prints one JSON
+line with the largest relative differences from one device's float32 baseline (the plain
+model, no memory technique, same rollout). A bfloat16 case is also compared with its own
+setting on one device, whose roundings are closest to its own. One process runs every case,
+so JAX starts, the graphs are built and the model initialised once, and each one-device
+reference is compiled once. Compiles skip LLVM optimisation (`plan_only_options`), which
+keeps them fast.
 """
 
 from __future__ import annotations
@@ -94,7 +96,9 @@ def main() -> None:
         spec, memory_name, rollout_text = item.split("@")
         rollout = int(rollout_text)
         layout, memory = parse_parallel_spec(spec), memory_of(memory_name)
-        ref_loss, ref_leaves = reference(memory, rollout)
+        # float32: one device's baseline; bfloat16: the same setting on one device.
+        ref_loss, ref_leaves = reference(
+            memory if memory.precision != "f32" else MemoryConfig(), rollout)
         mesh = make_mesh(layout)
         with use_layout(mesh, layout.mesh_nodes):
             loss, grads = loss_and_grad(place_step_args(mesh, params, graph, example_of(rollout)),
@@ -107,7 +111,7 @@ def main() -> None:
                   "loss_rel": abs(float(loss) - float(ref_loss)) / abs(float(ref_loss)),
                   "grad_rel": rel, "grad_norm_rel": norm_rel(leaves, ref_leaves)}
         if memory.precision != "f32":  # also against one device's float32 baseline
-            f32_loss, f32_leaves = reference(memory.replace(precision="f32"), rollout)
+            f32_loss, f32_leaves = reference(MemoryConfig(), rollout)
             record.update(
                 loss_rel_f32=abs(float(loss) - float(f32_loss)) / abs(float(f32_loss)),
                 grad_norm_rel_f32=norm_rel(leaves, f32_leaves),
