@@ -127,7 +127,9 @@ def main(argv: list[str] | None = None, root: Path = ROOT) -> int:
     print(f"run_chapters: {len(pending)} chapters, {size} at a time", flush=True)
     work = [ProcessData(r.pk, r.uri, cache, timeout, allow_errors) for r in pending]
     started, failed = time.monotonic(), []
-    pool = multiprocessing.Pool(size)
+    # Spawned, not forked: a forked copy of a process that has started JAX's threads (a
+    # test, a notebook) can deadlock on a lock one of them held.
+    pool = multiprocessing.get_context("spawn").Pool(size)
     for code, uri in pool.imap_unordered(ExecutionWorkerLocalMProc(), work, chunksize=1):
         took = time.monotonic() - started
         state = "FAILED" if code else "done"
