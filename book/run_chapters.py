@@ -25,6 +25,7 @@ and exits with 1; the chapters that ran are kept in the cache.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import importlib.util
 import json
 import multiprocessing
@@ -47,8 +48,6 @@ RECORDED = Path("benchmarks", "results", "book-build-cpu.json")
 # Largest resident memory of one chapter's kernel on XLA:CPU, rounded up: 4.7 GiB, measured
 # with this script on 2 cores (`max chapter memory` in its last line).
 GIB_PER_CHAPTER = 5
-ACCELERATOR_PLUGINS = ("jax_cuda12_plugin", "jax_cuda13_plugin", "jax_rocm7_plugin",
-                       "jax_rocm60_plugin", "libtpu")
 
 
 def chapters(root: Path) -> list[Path]:
@@ -67,11 +66,15 @@ def recorded_seconds(root: Path) -> dict[str, float]:
 
 
 def has_accelerator_plugin() -> bool:
-    """Whether JAX could find an accelerator here (without starting JAX, which would take
-    the accelerator's memory in this process)."""
+    """Whether JAX could find an accelerator here, looked up without starting JAX (which
+    would take the accelerator's memory in this process): a PJRT plugin where JAX looks
+    for one (the `jax_plugins` namespace package and entry-point group: CUDA, ROCm, Metal)
+    or TPU's `libtpu`, unless the caller asked for the CPU (`JAX_PLATFORMS=cpu`)."""
     if os.environ.get("JAX_PLATFORMS", "").strip().lower() == "cpu":
         return False
-    return any(importlib.util.find_spec(name) for name in ACCELERATOR_PLUGINS)
+    if importlib.metadata.entry_points(group="jax_plugins"):
+        return True
+    return any(importlib.util.find_spec(name) is not None for name in ("jax_plugins", "libtpu"))
 
 
 def host_memory_gib() -> float:

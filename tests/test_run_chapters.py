@@ -98,16 +98,23 @@ def test_pool_size_one_with_an_accelerator_else_cores_and_memory(monkeypatch):
 
 
 def test_accelerator_plugin_is_looked_up_without_starting_jax(monkeypatch):
-    found = {"jax_cuda12_plugin"}
+    """Where JAX looks for plugins: its namespace package, its entry-point group; libtpu."""
+    modules, entry_points = set(), []
     monkeypatch.setattr(run_chapters.importlib.util, "find_spec",
-                        lambda name: object() if name in found else None)
+                        lambda name: object() if name in modules else None)
+    monkeypatch.setattr(run_chapters.importlib.metadata, "entry_points",
+                        lambda group: entry_points if group == "jax_plugins" else [])
     monkeypatch.setenv("JAX_PLATFORMS", "")
+    assert not run_chapters.has_accelerator_plugin()
+    for found in ({"jax_plugins"}, {"libtpu"}):
+        modules |= found
+        assert run_chapters.has_accelerator_plugin()
+        modules.clear()
+    entry_points.append("xla_cuda12 = jax_cuda12_plugin")
     assert run_chapters.has_accelerator_plugin()
     monkeypatch.setenv("JAX_PLATFORMS", "cpu")  # the caller asked for XLA:CPU
     assert not run_chapters.has_accelerator_plugin()
-    found.clear()
-    monkeypatch.setenv("JAX_PLATFORMS", "")
-    assert not run_chapters.has_accelerator_plugin()
+    assert "jax" not in run_chapters.__dict__
 
 
 @pytest.mark.parametrize("value", ["0", "-1", "two"])
