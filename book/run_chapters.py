@@ -30,7 +30,6 @@ import importlib.util
 import json
 import multiprocessing
 import os
-import resource
 import sys
 import time
 from pathlib import Path
@@ -77,15 +76,33 @@ def has_accelerator_plugin() -> bool:
     return any(importlib.util.find_spec(name) is not None for name in ("jax_plugins", "libtpu"))
 
 
-def host_memory_gib() -> float:
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+def host_memory_gib() -> float | None:
+    """This machine's memory, or None where the system does not say (no `sysconf`)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    except (AttributeError, ValueError, OSError):
+        return None
 
 
 def pool_size(jobs: int | None, pending: int) -> int:
+    """How many chapters run at once (see the module's docstring); where the memory is
+    unknown, `jobs` (or 1)."""
     if has_accelerator_plugin():
         return 1
-    fits = max(1, int(host_memory_gib() // GIB_PER_CHAPTER))
+    memory = host_memory_gib()
+    fits = max(1, int(memory // GIB_PER_CHAPTER)) if memory is not None else (jobs or 1)
     return max(1, min(os.cpu_count() or 1, fits, jobs or pending, pending))
+
+
+def children_peak_gib() -> float | None:
+    """Largest resident memory of a finished child process (a chapter's kernel), if the
+    system reports it (`resource`: not on Windows)."""
+    try:
+        import resource
+    except ImportError:
+        return None
+    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    return peak / 2**30 if sys.platform == "darwin" else peak / 2**20  # bytes there, else KiB
 
 
 def execution_options(root: Path) -> tuple[int, bool]:
@@ -141,10 +158,10 @@ def main(argv: list[str] | None = None, root: Path = ROOT) -> int:
             failed.append(uri)
     pool.close()
     pool.join()  # the workers end (and wait for their kernels): their memory is counted
-    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2**20  # KiB -> GiB
+    peak = children_peak_gib()
+    memory = f"; max chapter memory {peak:.1f} GiB" if peak is not None else ""
     print(f"run_chapters: {len(pending) - len(failed)} of {len(pending)} chapters in "
-          f"{time.monotonic() - started:.0f} s, {size} at a time; max chapter memory "
-          f"{peak:.1f} GiB", flush=True)
+          f"{time.monotonic() - started:.0f} s, {size} at a time{memory}", flush=True)
     for uri in failed:
         record = cache.get_project_record(uri)
         tail = "\n".join((record.traceback or "no traceback recorded").splitlines()[-15:])

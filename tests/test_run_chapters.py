@@ -50,7 +50,7 @@ def small_book(tmp_path: Path) -> Path:
 def test_runs_chapters_into_the_build_cache_and_names_the_one_that_fails(small_book, capsys):
     assert run_chapters.main(["--jobs", "2"], root=small_book) == 1
     out, err = capsys.readouterr()
-    assert "2 chapters, 2 at a time" in out
+    assert "2 chapters, 2 at a time" in out and "max chapter memory" in out
     assert "bad.ipynb FAILED" in out and "good.ipynb done" in out
     assert "bad.ipynb failed:" in err and "broken chapter" in err
 
@@ -93,8 +93,16 @@ def test_pool_size_one_with_an_accelerator_else_cores_and_memory(monkeypatch):
     assert run_chapters.pool_size(None, 9) == 1
     monkeypatch.setattr(run_chapters, "host_memory_gib", lambda: 64.0)
     assert run_chapters.pool_size(None, 9) == 8
+    monkeypatch.setattr(run_chapters, "host_memory_gib", lambda: None)  # the system won't say
+    assert run_chapters.pool_size(None, 9) == 1
+    assert run_chapters.pool_size(2, 9) == 2
     monkeypatch.setattr(run_chapters, "has_accelerator_plugin", lambda: True)
     assert run_chapters.pool_size(4, 9) == 1
+
+
+def test_memory_figures_of_this_machine():
+    assert run_chapters.host_memory_gib() > 0
+    assert run_chapters.children_peak_gib() >= 0
 
 
 def test_accelerator_plugin_is_looked_up_without_starting_jax(monkeypatch):
