@@ -29,6 +29,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fresh_clone import ROOT, commit, hardware, write_record  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "book"))
+from run_chapters import chapters as chapters_of_toc  # noqa: E402
+
 MARK = "GCLAB-PROFILE "
 # Registered in the kernel after the chapter's first cell (which starts JAX).
 LISTEN = """\
@@ -46,15 +49,6 @@ _GCLAB_PROFILE.clear()
 EVENTS = {"compile_seconds": ("backend_compile_duration",),
           "trace_and_lower_seconds": ("jaxpr_trace_duration", "jaxpr_to_mlir_module_duration"),
           "cache_saved_seconds": ("compile_time_saved_sec",)}
-
-
-def chapters_of_toc() -> list[Path]:
-    """The notebooks of `_toc.yml`, in its order."""
-    import yaml
-
-    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
-    pages = [c["file"] for part in toc["parts"] for c in part["chapters"]]
-    return [ROOT / f"{p}.ipynb" for p in pages if (ROOT / f"{p}.ipynb").is_file()]
 
 
 def _seconds(metadata: dict) -> float | None:
@@ -123,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         if not value.isdigit() or int(value) < 1:
             fail(f"--{name} {value}: an integer >= 1")
     wanted = [c.strip() for c in args.chapters.split(",") if c.strip()]
-    paths = [p for p in chapters_of_toc()
+    paths = [p for p in chapters_of_toc(ROOT)
              if not wanted or any(p.stem.startswith(w) for w in wanted)]
     if not paths:
         fail(f"--chapters {args.chapters}: no chapter of _toc.yml starts with these "
