@@ -74,6 +74,17 @@ def test_runs_chapters_into_the_build_cache_and_names_the_one_that_fails(small_b
     assert "every chapter is in the cache already" in capsys.readouterr().out
 
 
+def test_a_notebook_no_longer_in_the_table_of_contents_is_not_run(small_book, capsys):
+    """The cache's project may still list a notebook from an earlier build."""
+    _notebook(small_book / "book" / "bad.ipynb", "print('fixed')")
+    _notebook(small_book / "book" / "dropped.ipynb", "print('not a chapter now')")
+    cache = get_cache(small_book / "_build" / ".jupyter_cache")
+    cache.add_nb_to_project(str(small_book / "book" / "dropped.ipynb"))
+    assert run_chapters.main([], root=small_book) == 0
+    out = capsys.readouterr().out
+    assert "2 chapters" in out and "dropped.ipynb" not in out
+
+
 def test_longest_recorded_chapter_starts_first(small_book, capsys):
     assert [p.name for p in run_chapters.chapters(small_book)] == ["good.ipynb", "bad.ipynb"]
     _notebook(small_book / "book" / "bad.ipynb", "print('fixed')")
