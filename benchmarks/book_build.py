@@ -47,6 +47,13 @@ def _chapters_at_once(log: Path) -> int:
     return int(found.group(1))
 
 
+def _chapter_cpu_seconds(log: Path) -> float | None:
+    """Processor time of the chapters' kernels (`book/run_chapters.py`'s last line), if the
+    system reported it."""
+    found = re.search(r"; (\d+) s of processor time", log.read_text())
+    return float(found.group(1)) if found else None
+
+
 def main(argv: list[str] | None = None) -> int:
     args = arguments(__doc__, argv)
 
@@ -74,6 +81,9 @@ def main(argv: list[str] | None = None) -> int:
         # Each chapter's time while it shared the machine with the others running beside it.
         "chapter_execution_seconds": _chapter_seconds(build),
         "chapters_at_once": _chapters_at_once(run_log),
+        # User + system time of all the chapters' kernels: divided by the cores, the least
+        # time any schedule of them can take on this machine.
+        "chapter_cpu_seconds": _chapter_cpu_seconds(run_log),
         "html_pages": sorted(p.name for p in (build / "html" / "book").glob("*.html")),
     }
     write_record("book-build", record)

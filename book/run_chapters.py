@@ -105,6 +105,18 @@ def children_peak_gib() -> float | None:
     return peak / 2**30 if sys.platform == "darwin" else peak / 2**20  # bytes there, else KiB
 
 
+def children_cpu_seconds() -> float | None:
+    """Processor time (user + system) of the finished child processes and theirs: the
+    chapters' kernels, each waited for by its worker. None where the system does not report
+    it (`resource`: not on Windows)."""
+    try:
+        import resource
+    except ImportError:
+        return None
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def execution_options(root: Path) -> tuple[int, bool]:
     """`execute.timeout` and `execute.allow_errors` of `_config.yml`, as the build uses."""
     execute = yaml.safe_load((root / "_config.yml").read_text()).get("execute", {})
@@ -146,7 +158,7 @@ def main(argv: list[str] | None = None, root: Path = ROOT) -> int:
     size = pool_size(args.jobs, len(pending))
     print(f"run_chapters: {len(pending)} chapters, {size} at a time", flush=True)
     work = [ProcessData(r.pk, r.uri, cache, timeout, allow_errors) for r in pending]
-    started, failed = time.monotonic(), []
+    started, failed, cpu_before = time.monotonic(), [], children_cpu_seconds()
     # Spawned, not forked: a forked copy of a process that has started JAX's threads (a
     # test, a notebook) can deadlock on a lock one of them held.
     pool = multiprocessing.get_context("spawn").Pool(size)
@@ -158,10 +170,13 @@ def main(argv: list[str] | None = None, root: Path = ROOT) -> int:
             failed.append(uri)
     pool.close()
     pool.join()  # the workers end (and wait for their kernels): their memory is counted
-    peak = children_peak_gib()
+    peak, cpu = children_peak_gib(), children_cpu_seconds()
+    # Processor time bounds what running side by side can give: on N cores the chapters
+    # take at least cpu / N seconds however they are scheduled.
+    used = f"; {cpu - cpu_before:.0f} s of processor time" if cpu is not None else ""
     memory = f"; max chapter memory {peak:.1f} GiB" if peak is not None else ""
     print(f"run_chapters: {len(pending) - len(failed)} of {len(pending)} chapters in "
-          f"{time.monotonic() - started:.0f} s, {size} at a time{memory}", flush=True)
+          f"{time.monotonic() - started:.0f} s, {size} at a time{used}{memory}", flush=True)
     for uri in failed:
         record = cache.get_project_record(uri)
         tail = "\n".join((record.traceback or "no traceback recorded").splitlines()[-15:])

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 from pathlib import Path
 
 import nbformat
@@ -51,6 +52,7 @@ def test_runs_chapters_into_the_build_cache_and_names_the_one_that_fails(small_b
     assert run_chapters.main(["--jobs", "2"], root=small_book) == 1
     out, err = capsys.readouterr()
     assert "2 chapters, 2 at a time" in out and "max chapter memory" in out
+    assert int(re.search(r"; (\d+) s of processor time", out).group(1)) > 0  # two kernels ran
     assert "bad.ipynb FAILED" in out and "good.ipynb done" in out
     assert "bad.ipynb failed:" in err and "broken chapter" in err
 
