@@ -221,25 +221,25 @@ def test_glue_from_another_page_names_a_value_glued_in_that_notebook():
     assert pasted, "the introduction pastes its figures from the chapters"
 
 
-def test_chapters_start_with_the_callers_xla_flags_and_tests_without_llvm_optimisation(
-        request, monkeypatch):
-    """Tests compile without LLVM optimisation (tests/conftest.py); a chapter's kernel, which
-    times steps for the reader, starts with the flags pytest was started with."""
+def test_chapters_run_here_with_the_tests_flags_and_share_their_compiles(request, tmp_path):
+    """Under pytest a chapter's kernel (started by nbmake, from this environment) compiles
+    without LLVM optimisation as the tests do (tests/conftest.py), and there a compile only
+    read and one that runs are the same compile (`plan_only_options` sets nothing), so a
+    step a test compiled is found in JAX's cache by the chapter that compiles it too."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    from gclab.measure import plan_only_options
+
     conftest = next(p for p in request.config.pluginmanager.get_plugins()
                     if getattr(p, "__file__", "") == str(ROOT / "tests" / "conftest.py"))
-    assert conftest.TEST_XLA_FLAGS in os.environ["XLA_FLAGS"]
-    monkeypatch.setenv("XLA_FLAGS", os.environ["XLA_FLAGS"])  # restored after the test
-    monkeypatch.setattr(conftest, "CHAPTER_XLA_FLAGS", "--xla_cpu_enable_fast_math=false")
-
-    class Item:
-        def __init__(self, name):
-            self.path = ROOT / name
-
-    chapter, test = Item("book/05_mixed_precision.ipynb"), Item("tests/test_book.py")
-    conftest.pytest_runtest_setup(test)  # a test: nothing changes
-    assert conftest.TEST_XLA_FLAGS in os.environ["XLA_FLAGS"]
-    conftest.pytest_runtest_setup(chapter)
-    assert os.environ["XLA_FLAGS"] == "--xla_cpu_enable_fast_math=false"
-    conftest.pytest_runtest_teardown(chapter)
-    assert os.environ["XLA_FLAGS"] == (
-        f"--xla_cpu_enable_fast_math=false {conftest.TEST_XLA_FLAGS}")
+    assert conftest.TEST_XLA_FLAGS in os.environ["XLA_FLAGS"].split()
+    assert plan_only_options() is None
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
+        "import os\n"
+        "from gclab.measure import plan_only_options\n"
+        "print(os.environ['XLA_FLAGS'], plan_only_options())")])
+    NotebookClient(notebook, timeout=120, resources={"metadata": {"path": str(tmp_path)}}
+                   ).execute()
+    (output,) = notebook.cells[0].outputs
+    assert output.text.split() == [*os.environ["XLA_FLAGS"].split(), "None"]

@@ -12,6 +12,8 @@
 from __future__ import annotations
 
 import dataclasses
+import os
+import re
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -31,8 +33,22 @@ def plan_only_options() -> dict | None:
     machine code; buffer assignment happens before, on the optimised HLO, so the memory
     figures and the timeline are the same (tested for every recipe) and the compile takes
     about half the time. Functions compiled to run keep the default.
+
+    None where there is nothing to set: off the CPU backend, and where ``XLA_FLAGS``
+    already turn LLVM's optimisation off for every compile (as the tests do). There a
+    plan-only compile is the very compile of a step compiled to run, and JAX's persistent
+    compilation cache, whose key holds these options, keeps one entry for both.
     """
-    return {"xla_backend_optimization_level": 0} if jax.default_backend() == "cpu" else None
+    if jax.default_backend() != "cpu" or _flags_skip_llvm_optimisation():
+        return None
+    return {"xla_backend_optimization_level": 0}
+
+
+def _flags_skip_llvm_optimisation() -> bool:
+    """Whether ``XLA_FLAGS`` set ``--xla_backend_optimization_level=0`` (the last setting
+    of a flag given twice is the one XLA keeps)."""
+    levels = re.findall(r"--xla_backend_optimization_level=(\S+)", os.environ.get("XLA_FLAGS", ""))
+    return bool(levels) and levels[-1] == "0"
 
 
 # --------------------------------------------------------------------------- planned

@@ -508,12 +508,13 @@ def test_one_compile_gives_memory_timeline_and_a_runnable_step(caplog):
 @pytest.mark.parametrize("recipe", ["none", "deepmind", "lean"])
 def test_plan_only_compile_keeps_the_memory_plan(recipe):
     """Compiles that are only read skip LLVM's optimisation (faster); XLA's buffer
-    assignment comes before it, so every memory figure is unchanged."""
+    assignment comes before it, so every memory figure is unchanged. Both levels are set
+    per compile: the tests' own `XLA_FLAGS` already skip LLVM's optimisation."""
     import dataclasses
 
     from gclab.config import PRESETS
     from gclab.memory import get_recipe
-    from gclab.sizing import StepSpec, plan_only_options, train_step_abstract
+    from gclab.sizing import StepSpec, train_step_abstract
 
     preset = PRESETS["cpu-4x32"]
     model = dataclasses.replace(preset.model, latent_size=16, processor_steps=3)
@@ -521,13 +522,67 @@ def test_plan_only_compile_keeps_the_memory_plan(recipe):
     if memory.edge_block_size is not None:
         memory = memory.replace(edge_block_size=500)
     step, args = train_step_abstract(StepSpec(model, preset.task, memory))
-    options = plan_only_options()
-    assert options == {"xla_backend_optimization_level": 0}  # on the CPU backend
-    default = compile_fn(step, *args).memory_analysis()
-    plan = compile_fn(step, *args, compiler_options=options).memory_analysis()
+    # XLA's default level (3), and the level `plan_only_options` sets.
+    default = compile_fn(step, *args, compiler_options={"xla_backend_optimization_level": 3})
+    plan = compile_fn(step, *args, compiler_options={"xla_backend_optimization_level": 0})
     for field in ("temp_size_in_bytes", "argument_size_in_bytes", "output_size_in_bytes",
                   "alias_size_in_bytes"):
-        assert getattr(plan, field) == getattr(default, field), field
+        assert (getattr(plan.memory_analysis(), field)
+                == getattr(default.memory_analysis(), field)), field
+    # Both levels took effect: the same optimised HLO, other machine code.
+    from jax.experimental.serialize_executable import serialize
+
+    assert plan.as_text() == default.as_text()
+    assert serialize(plan)[0] != serialize(default)[0]
+
+
+def test_plan_only_options_set_what_xla_flags_do_not(monkeypatch):
+    """On CPU, `plan_only_options` turns LLVM's optimisation off unless `XLA_FLAGS` already
+    do (the last setting of the flag counts); then it sets nothing."""
+    from gclab.measure import plan_only_options
+
+    plan = {"xla_backend_optimization_level": 0}
+    for flags, options in (("", plan), ("--xla_cpu_enable_fast_math=false", plan),
+                           ("--xla_backend_optimization_level=0", None),
+                           ("--xla_backend_optimization_level=2", plan),
+                           ("--xla_backend_optimization_level=0 --xla_backend_optimization_level=2",
+                            plan),
+                           ("--xla_backend_optimization_level=2 --xla_backend_optimization_level=0",
+                            None)):
+        monkeypatch.setenv("XLA_FLAGS", flags)
+        assert plan_only_options() == options, flags
+
+
+def test_a_step_compiled_to_read_and_one_compiled_to_run_share_one_cache_entry():
+    """Under the tests' flags a plan-only step and the same step compiled to run are one
+    compile: the second is read from JAX's persistent compilation cache (which every test
+    process uses, tests/conftest.py)."""
+    import dataclasses
+
+    import jax.monitoring
+
+    from gclab.config import PRESETS
+    from gclab.sizing import StepSpec, compile_train_step
+
+    preset = PRESETS["cpu-4x32"]
+    model = dataclasses.replace(preset.model, latent_size=8, processor_steps=2)
+    spec = StepSpec(model, preset.task, MemoryConfig(checkpoint_decoder=True))
+    hits = []
+
+    def listen(event, **kwargs):
+        if event == "/jax/compilation_cache/cache_hits":
+            hits.append(event)
+
+    jax.monitoring.register_event_listener(listen)
+    try:
+        planned = compile_train_step(spec)  # read only (or found, if another test ran it)
+        hits.clear()
+        live = compile_train_step(spec, live=True)
+    finally:
+        jax.monitoring.unregister_event_listener(listen)
+    assert hits, "the step compiled to run was compiled again"
+    assert live.memory.temp_bytes == planned.memory.temp_bytes
+    live.run()
 
 
 def test_plot_layout_memory_draws_each_layout_and_the_even_split():
