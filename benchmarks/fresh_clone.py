@@ -59,7 +59,7 @@ class FreshClone:
         env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1", "VIRTUAL_ENV": str(self.venv),
                "PATH": f"{self.venv / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"}
         for name in ("MPLBACKEND", "PYTHONPATH", "PYTHONHOME", "XLA_FLAGS",
-                     "JAX_COMPILATION_CACHE_DIR", "GCLAB_CALLER_XLA_FLAGS"):
+                     "JAX_COMPILATION_CACHE_DIR"):
             env.pop(name, None)
         # The chapters' default cache (~/.cache/gclab/jax) holds this machine's earlier
         # builds: a fresh machine's is empty.

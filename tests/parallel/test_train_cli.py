@@ -1,7 +1,9 @@
 """`gclab train` and `gclab memory` over devices: errors, resume, several processes.
 
 Runs that need several (simulated) devices start fresh processes: JAX's CPU device count
-is fixed when it starts. Compiles skip LLVM optimisation (`XLA_FLAGS`) to stay quick.
+is fixed when it starts. Runs on one device call `gclab.cli.main` in the test's own process
+(`here`), which saves a Python and JAX start each. Compiles skip LLVM optimisation
+(`XLA_FLAGS`, as in every test process) to stay quick.
 The processes write every compile to JAX's persistent cache (tests/conftest.py sets its
 directory), not only those over JAX's default second: the tiny model's steps compile in
 less, and the runs of one test compile the same steps again.
@@ -24,6 +26,13 @@ from gclab.cli import main
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ["--resolution", "6", "--mesh-splits", "2", "--latent", "16", "--steps", "2"]
 TIMEOUT = 900
+
+
+def here(capsys, *argv: str) -> dict:
+    """`gclab ARGV` (with `--json`) on one device, in this process: its JSON report."""
+    capsys.readouterr()  # what came before
+    assert main(list(argv)) == 0, capsys.readouterr().err[-3000:]
+    return json.loads(capsys.readouterr().out)
 
 
 def gclab(*argv: str, extra_env: dict | None = None, wait: bool = True):
@@ -59,14 +68,14 @@ def test_train_errors_are_one_line_with_exit_status_2(argv, message, capsys):
     assert err.startswith("gclab train: error: ") and message in err and "\n" not in err
 
 
-def test_resumed_run_has_the_losses_of_an_uninterrupted_one(tmp_path):
-    straight = gclab("train", *TINY, "--train-steps", "4", "--batch", "2", "--json")
+def test_resumed_run_has_the_losses_of_an_uninterrupted_one(tmp_path, capsys):
+    straight = here(capsys, "train", *TINY, "--train-steps", "4", "--batch", "2", "--json")
     assert len(straight["losses"]) == 4 and np.all(np.isfinite(straight["losses"]))
     ckpt = str(tmp_path / "ckpt")
-    first = gclab("train", *TINY, "--train-steps", "2", "--batch", "2", "--checkpoint-dir",
+    first = here(capsys, "train", *TINY, "--train-steps", "2", "--batch", "2", "--checkpoint-dir",
                   ckpt, "--json")
     assert first["checkpoint_step"] == 2
-    second = gclab("train", *TINY, "--train-steps", "4", "--batch", "2", "--checkpoint-dir",
+    second = here(capsys, "train", *TINY, "--train-steps", "4", "--batch", "2", "--checkpoint-dir",
                    ckpt, "--json")
     assert second["first_step"] == 2 and second["checkpoint_step"] == 4
     assert first["losses"] + second["losses"] == straight["losses"]
@@ -83,7 +92,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_two_processes_train_like_one_process_with_as_many_devices():
+def test_two_processes_train_like_one_process_with_as_many_devices(capsys):
     layout = ["--train-steps", "2", "--batch", "2", "--devices", "4", "--parallel",
               "data:2,spatial:2", "--json"]
     one = gclab("train", *TINY, *layout)
@@ -104,13 +113,13 @@ def test_two_processes_train_like_one_process_with_as_many_devices():
     assert two["processes"] == 2 and one["processes"] == 1
     np.testing.assert_allclose(two["losses"], one["losses"], rtol=1e-5)
     # and both train like one device
-    single = gclab("train", *TINY, "--train-steps", "2", "--batch", "2", "--json")
+    single = here(capsys, "train", *TINY, "--train-steps", "2", "--batch", "2", "--json")
     assert single["devices"] == 1
     np.testing.assert_allclose(one["losses"], single["losses"], rtol=1e-5)
 
 
-def test_memory_reports_per_device_figures_and_collectives():
-    one = gclab("memory", *TINY, "--batch", "2", "--json")
+def test_memory_reports_per_device_figures_and_collectives(capsys):
+    one = here(capsys, "memory", *TINY, "--batch", "2", "--json")
     split = gclab("memory", *TINY, "--batch", "2", "--devices", "4", "--parallel",
                   "data:1,spatial:4", "--json")
     assert (one["devices"], one["parallel"]) == (1, "data:1,spatial:1")
@@ -143,9 +152,9 @@ def test_plan_over_devices_picks_the_fastest_layout_and_recipe_that_fits():
     assert result["speeds_of"] == "H100"
 
 
-def test_pipeline_trains_like_one_device_and_reports_what_it_sends():
+def test_pipeline_trains_like_one_device_and_reports_what_it_sends(capsys):
     pipeline = ["--parallel", "pipeline:2,microbatches:2"]
-    single = gclab("train", *TINY, "--train-steps", "2", "--batch", "2", "--json")
+    single = here(capsys, "train", *TINY, "--train-steps", "2", "--batch", "2", "--json")
     piped = gclab("train", *TINY, "--train-steps", "2", "--batch", "2", *pipeline, "--json")
     assert (piped["devices"], piped["parallel"]) == (2, "data:1,spatial:1,pipeline:2,"
                                                         "microbatches:2")
