@@ -20,7 +20,8 @@ steps for the reader). So a step compiled by a test and by a chapter is one comp
 JAX's cache: under these flags `gclab.measure.plan_only_options` sets nothing, and a step
 compiled only to be read and one compiled to run share a key. Measured on two cores, one
 run each, chapter 3 alone from an empty cache: 189 s with the caller's flags, 176 s with
-these, 164 s after the device-class test of chapter 3 had filled the cache.
+these, 164 s after the device-class test of chapter 3 had filled the cache; the whole CI on
+a fresh clone, same machine and day: pytest 1877 -> 1762 s.
 
 The longest items run first (`pytest_collection_modifyitems`), so that the two xdist workers
 do not end with one of them alone on a chapter started last.
