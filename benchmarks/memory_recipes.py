@@ -312,8 +312,9 @@ def markdown(hw, rows, rollouts, timing, checks, norms=(), claim=None) -> str:
              f"Hardware: {hw['device']} ({hw['platform']}, {hw['cpu_count']} cores); "
              f"jax {hw['jax']}; gclab {hw['gclab']}; {hw['date']}.",
              "XLA compiled memory analysis of one training step (loss + gradients + AdamW "
-             "update), batch 1, one target step. XLA:CPU computes bfloat16 in float32 inside "
-             "its kernels, so bfloat16 halves what is kept, not every temporary.", "",
+             "update), batch 1, one target step."
+             + (" XLA:CPU computes bfloat16 in float32 inside its kernels, so bfloat16 halves "
+                "what is kept, not every temporary." if hw["backend"] == "cpu" else ""), "",
              "| preset | precision | recipe | temp | total | official code |",
              "|---|---|---|---:|---:|---:|"]
     for r in rows:

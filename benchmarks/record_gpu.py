@@ -85,7 +85,10 @@ def fail(message: str) -> int:
 
 
 def commit() -> str:
-    """The gclab commit recorded (``unknown`` outside a git checkout)."""
+    """The gclab commit recorded: ``$GCLAB_COMMIT`` where set (a copy of the tree without
+    its ``.git``), else git's HEAD, else ``unknown``."""
+    if os.environ.get("GCLAB_COMMIT"):
+        return os.environ["GCLAB_COMMIT"]
     try:
         out = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], check=True,
                              capture_output=True, text=True, timeout=10)

@@ -1,0 +1,156 @@
+"""The recipe benchmark on the accelerator it finds, in stages, within a time budget.
+
+`memory_recipes.py` records every figure in one go (about 10 minutes on 2 CPU cores); a
+lent accelerator is held for minutes, so this script runs the same measurements in stages,
+most wanted first, and rewrites ``memory-<backend>.json`` and ``.md`` after each stage, so
+that a run cut short keeps what it finished. A stage is started only while the budget
+lasts. The file has the layout of ``memory-cpu.json`` (the README and the chapters read
+both), plus ``claim_live`` and ``stages``.
+
+Stages:
+  claim       the authors' recipe (`deepmind`, bfloat16, 0.25 deg, 37 levels, batch 1):
+              compiled total of each change of the ladder, largest buffers at the peak
+  claim-live  `deepmind` in bfloat16 at 0.25 deg run in a fresh process: the device's
+              measured peak (``peak_bytes_in_use``) and the median step time
+  recipes     every recipe x precision at graphcast-small, then at graphcast (compiled)
+  layer-norm  bfloat16 error against float32 by LayerNorm rule (on this device)
+  step-time   median step time of `none`, `deepmind`, `lean` at cpu-16x512
+
+    python benchmarks/memory_device.py --budget 420 --out DIR
+    python benchmarks/memory_device.py --stages claim,recipes
+
+Without an accelerator it refuses (one line, exit status 2): `memory_recipes.py` records
+the CPU.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+import traceback  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+STAGES = ("claim", "claim-live", "recipes", "layer-norm", "step-time")
+
+
+def fail(message: str) -> int:
+    print(f"memory_device.py: error: {message}", file=sys.stderr)
+    return 2
+
+
+def parse_stages(text: str) -> list:
+    names = [s.strip() for s in text.split(",") if s.strip()]
+    unknown = [s for s in names if s not in STAGES]
+    if unknown or not names:
+        raise ValueError(f"--stages {text!r}: a comma-separated list of {', '.join(STAGES)}")
+    return names
+
+
+def claim_live(repeats: int = 3, timeout: float = 400.0) -> dict:
+    """`deepmind` in bfloat16 at 0.25 deg, run: measured device peak against the plan."""
+    from gclab.config import get_preset
+    from gclab.measure import measure_peak
+    from gclab.memory import get_recipe
+    from gclab.sizing import StepSpec, train_step_memory
+
+    preset = get_preset("graphcast")
+    spec = StepSpec(preset.model, preset.task, get_recipe("deepmind", "bf16"))
+    plan = train_step_memory(spec)
+    r = measure_peak("gclab.sizing.sweep:timed_steps",
+                     {"spec_json": spec.to_json(), "steps": repeats}, timeout=timeout)
+    return {"preset": preset.name, "recipe": "deepmind", "precision": "bf16",
+            "plan_total_bytes": plan.total_bytes, "plan_temp_bytes": plan.temp_bytes,
+            "measure_status": r.status, "measure_message": r.message[:2000],
+            "peak_bytes": r.peak_bytes,
+            "measured_over_plan": (r.peak_bytes / plan.total_bytes) if r.peak_bytes else None,
+            "step_seconds": (r.result or {}).get("step_seconds"), "steps": repeats}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--budget", type=float, default=None,
+                        help="seconds: start no stage after this many have passed")
+    parser.add_argument("--stages", default=",".join(STAGES),
+                        help=f"comma-separated, in the order run (default: {','.join(STAGES)})")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="folder of the results (default: benchmarks/results)")
+    args = parser.parse_args(argv)
+    try:
+        stages = parse_stages(args.stages)
+    except ValueError as e:
+        return fail(str(e))
+    if args.budget is not None and args.budget <= 0:
+        return fail(f"--budget {args.budget:g}: a positive number of seconds")
+
+    import jax
+
+    if jax.default_backend() == "cpu":
+        return fail("no accelerator found (JAX backend 'cpu'): memory_recipes.py records the "
+                    "CPU")
+    import memory_recipes as mr
+    from record_gpu import commit
+
+    from gclab.files import write_text_atomic
+
+    start = time.monotonic()
+    hw = mr.hardware()
+    hw["device_kind"] = jax.devices()[0].device_kind
+    hw["commit"] = commit()
+    out = args.out or mr.RESULTS
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"memory-{hw['backend']}.json"
+    record = {"hardware": hw, "recipes": [], "rollout": [], "step_time": None,
+              "layer_norm_bf16_error": [], "stages": {}}
+
+    def save():
+        record["targets"] = checks = mr.targets(record["recipes"], record["rollout"],
+                                                record["step_time"])
+        write_text_atomic(path, json.dumps(record, indent=1, default=str))
+        write_text_atomic(path.with_suffix(".md"), mr.markdown(
+            hw, record["recipes"], record["rollout"], record["step_time"], checks,
+            record["layer_norm_bf16_error"], record.get("authors_claim")))
+
+    def recipes():
+        for preset in ("graphcast-small", "graphcast"):
+            for precision in ("f32", "bf16"):
+                record["recipes"] += mr.recipe_table([preset], [precision])
+                save()
+
+    runs = {
+        "claim": lambda: record.update(authors_claim=mr.authors_claim()),
+        "claim-live": lambda: record.update(claim_live=claim_live()),
+        "recipes": recipes,
+        "layer-norm": lambda: record.update(layer_norm_bf16_error=mr.layer_norm_errors()),
+        "step-time": lambda: record.update(step_time=mr.step_times("cpu-16x512")),
+    }
+    for name in stages:
+        elapsed = time.monotonic() - start
+        if args.budget is not None and elapsed > args.budget:
+            record["stages"][name] = {"status": "not started: budget spent",
+                                      "started_after_seconds": None}
+            continue
+        t0 = time.monotonic()
+        print(f"== stage {name} ({elapsed:.0f} s in)", flush=True)
+        try:
+            runs[name]()
+            status = "done"
+        except Exception:  # a stage that breaks is recorded; the next one still runs
+            status = "failed: " + traceback.format_exc()[-3000:]
+            print(status, flush=True)
+        record["stages"][name] = {"status": status, "started_after_seconds": round(elapsed, 1),
+                                  "seconds": round(time.monotonic() - t0, 1)}
+        save()
+    print(f"wrote {path} and {path.with_suffix('.md')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
