@@ -12,12 +12,14 @@ Stages:
               compiled total of each change of the ladder, largest buffers at the peak
   claim-live  `deepmind` in bfloat16 at 0.25 deg run in a fresh process: the device's
               measured peak (``peak_bytes_in_use``) and the median step time
-  recipes     every recipe x precision at graphcast-small, then at graphcast (compiled)
+  recipes-f32, recipes-bf16
+              every recipe at graphcast-small, then at graphcast (compiled); rows
+              already in the merged record (--merge) are kept, not compiled again
   layer-norm  bfloat16 error against float32 by LayerNorm rule (on this device)
   step-time   median step time of `none`, `deepmind`, `lean` at cpu-16x512
 
     python benchmarks/memory_device.py --budget 420 --out DIR
-    python benchmarks/memory_device.py --stages claim,recipes
+    python benchmarks/memory_device.py --stages claim,recipes-bf16 --merge OLD.json
 
 Without an accelerator it refuses (one line, exit status 2): `memory_recipes.py` records
 the CPU.
@@ -38,7 +40,8 @@ from pathlib import Path  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-STAGES = ("claim", "claim-live", "recipes", "layer-norm", "step-time")
+STAGES = ("claim", "claim-live", "recipes-f32", "recipes-bf16", "layer-norm", "step-time")
+PRESETS = ("graphcast-small", "graphcast")
 
 
 def fail(message: str) -> int:
@@ -80,6 +83,9 @@ def main(argv=None) -> int:
                         help="seconds: start no stage after this many have passed")
     parser.add_argument("--stages", default=",".join(STAGES),
                         help=f"comma-separated, in the order run (default: {','.join(STAGES)})")
+    parser.add_argument("--merge", type=Path, default=None,
+                        help="a record of an earlier run on the same kind of device: its "
+                             "figures are kept where this run does not measure them again")
     parser.add_argument("--out", type=Path, default=None,
                         help="folder of the results (default: benchmarks/results)")
     args = parser.parse_args(argv)
@@ -109,6 +115,13 @@ def main(argv=None) -> int:
     path = out / f"memory-{hw['backend']}.json"
     record = {"hardware": hw, "recipes": [], "rollout": [], "step_time": None,
               "layer_norm_bf16_error": [], "stages": {}}
+    if args.merge:
+        earlier = json.loads(args.merge.read_text())
+        if earlier["hardware"].get("device_kind") != hw["device_kind"]:
+            return fail(f"--merge {args.merge}: recorded on "
+                        f"{earlier['hardware'].get('device_kind')}, not {hw['device_kind']}")
+        record.update({k: v for k, v in earlier.items() if k not in ("hardware", "targets")})
+        record["hardware_earlier"] = earlier["hardware"]
 
     def save():
         record["targets"] = checks = mr.targets(record["recipes"], record["rollout"],
@@ -118,16 +131,32 @@ def main(argv=None) -> int:
             hw, record["recipes"], record["rollout"], record["step_time"], checks,
             record["layer_norm_bf16_error"], record.get("authors_claim")))
 
-    def recipes():
-        for preset in ("graphcast-small", "graphcast"):
-            for precision in ("f32", "bf16"):
-                record["recipes"] += mr.recipe_table([preset], [precision])
+    def recipes(precision):
+        from gclab.config import get_preset
+        from gclab.memory import RECIPES, get_recipe
+        from gclab.sizing import StepSpec, train_step_memory
+
+        for preset_name in PRESETS:
+            preset = get_preset(preset_name)
+            for recipe in RECIPES:
+                if any((r["preset"], r["precision"], r["recipe"]) ==
+                       (preset_name, precision, recipe) for r in record["recipes"]):
+                    continue
+                m = train_step_memory(StepSpec(preset.model, preset.task,
+                                               get_recipe(recipe, precision)))
+                record["recipes"].append({"preset": preset_name, "precision": precision,
+                                          "recipe": recipe, **m.to_dict(),
+                                          "date": mr.hardware()["date"]})
+                print(f"{preset_name:<16} {precision:<5} {recipe:<9} temp "
+                      f"{m.temp_bytes / 2**30:8.2f} GiB  compile {m.compile_seconds:5.1f} s",
+                      flush=True)
                 save()
 
     runs = {
         "claim": lambda: record.update(authors_claim=mr.authors_claim()),
         "claim-live": lambda: record.update(claim_live=claim_live()),
-        "recipes": recipes,
+        "recipes-f32": lambda: recipes("f32"),
+        "recipes-bf16": lambda: recipes("bf16"),
         "layer-norm": lambda: record.update(layer_norm_bf16_error=mr.layer_norm_errors()),
         "step-time": lambda: record.update(step_time=mr.step_times("cpu-16x512")),
     }
@@ -145,7 +174,8 @@ def main(argv=None) -> int:
         except Exception:  # a stage that breaks is recorded; the next one still runs
             status = "failed: " + traceback.format_exc()[-3000:]
             print(status, flush=True)
-        record["stages"][name] = {"status": status, "started_after_seconds": round(elapsed, 1),
+        record["stages"][name] = {"status": status, "date": mr.hardware()["date"],
+                                  "started_after_seconds": round(elapsed, 1),
                                   "seconds": round(time.monotonic() - t0, 1)}
         save()
     print(f"wrote {path} and {path.with_suffix('.md')}")

@@ -62,32 +62,57 @@ def residuals_as_bits(fn: Callable) -> Callable:
     Integers are never converted, so residuals stored as uint16 stay 2 bytes an element;
     each iteration turns its own slice back into bfloat16. Used by the processor's step
     scans under bfloat16 (float32 runs are unchanged).
+
+    `fn` may close over traced values (a processor step closes over the graph's index
+    arrays). A `custom_vjp` function must not (JAX's `custom_vjp3` rules refuse it, and
+    under JAX 0.11 a nested scan then fails to lower), so each call first turns `fn` into
+    a closure-free function of its closed-over values and its arguments, by tracing it to
+    a jaxpr. `jax.closure_convert` is not used: it hoists only values that can carry a
+    tangent and leaves integer index arrays in the closure.
     """
 
-    saved = {}
+    def call(*args):
+        flat_args, in_tree = jax.tree_util.tree_flatten(args)
 
-    @jax.custom_vjp
-    def wrapped(*args):
-        return fn(*args)
+        def flat_fn(*flat):
+            return fn(*jax.tree_util.tree_unflatten(in_tree, flat))
 
-    def fwd(*args):
-        out, pullback = jax.vjp(fn, *args)
-        # The pullback as a jaxpr: its constants are the residuals (no tracer stays behind
-        # in a Python closure, so the backward pass may be traced anywhere).
-        closed, saved["grads"] = jax.make_jaxpr(pullback, return_shape=True)(out)
-        saved["jaxpr"] = closed.jaxpr
-        saved["bits"] = [np.dtype(c.dtype) == jnp.bfloat16 for c in closed.consts]
-        return out, [jax.lax.bitcast_convert_type(c, jnp.uint16) if bits else c
-                     for c, bits in zip(closed.consts, saved["bits"])]
+        closed, out_shape = jax.make_jaxpr(flat_fn, return_shape=True)(*flat_args)
+        jaxpr, consts = closed.jaxpr, list(closed.consts)
+        out_tree = jax.tree_util.tree_structure(out_shape)
 
-    def bwd(res, ct):
-        consts = [jax.lax.bitcast_convert_type(c, jnp.bfloat16) if bits else c
-                  for c, bits in zip(res, saved["bits"])]
-        pullback = jax.extend.core.jaxpr_as_fun(
-            jax.extend.core.ClosedJaxpr(saved["jaxpr"], consts))
-        grads = pullback(*jax.tree_util.tree_leaves(ct))
-        return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(saved["grads"]),
-                                            grads)
+        n = len(consts)
 
-    wrapped.defvjp(fwd, bwd)
-    return wrapped
+        def pure(*leaves):  # the closed-over values, then the arguments, each one array
+            return jax.extend.core.jaxpr_as_fun(
+                jax.extend.core.ClosedJaxpr(jaxpr, list(leaves[:n])))(*leaves[n:])
+
+        saved = {}
+
+        @jax.custom_vjp
+        def wrapped(*leaves):
+            return pure(*leaves)
+
+        def fwd(*leaves):
+            out, pullback = jax.vjp(pure, *leaves)
+            # The pullback as a jaxpr: its constants are the residuals (no tracer stays
+            # behind in a Python closure, so the backward pass may be traced anywhere).
+            pb, saved["grads"] = jax.make_jaxpr(pullback, return_shape=True)(out)
+            saved["jaxpr"] = pb.jaxpr
+            saved["bits"] = [np.dtype(c.dtype) == jnp.bfloat16 for c in pb.consts]
+            return out, [jax.lax.bitcast_convert_type(c, jnp.uint16) if bits else c
+                         for c, bits in zip(pb.consts, saved["bits"])]
+
+        def bwd(res, ct):
+            consts = [jax.lax.bitcast_convert_type(c, jnp.bfloat16) if bits else c
+                      for c, bits in zip(res, saved["bits"])]
+            pullback = jax.extend.core.jaxpr_as_fun(
+                jax.extend.core.ClosedJaxpr(saved["jaxpr"], consts))
+            grads = pullback(*jax.tree_util.tree_leaves(ct))
+            return tuple(jax.tree_util.tree_unflatten(
+                jax.tree_util.tree_structure(saved["grads"]), grads))
+
+        wrapped.defvjp(fwd, bwd)
+        return jax.tree_util.tree_unflatten(out_tree, wrapped(*consts, *flat_args))
+
+    return call

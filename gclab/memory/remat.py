@@ -74,7 +74,10 @@ def scan_steps(step: Callable, carry: Any, stacked: Any, mem: MemoryConfig):
     def scan(body, carry, xs, offset, stride=1):
         # The scope names which steps the loop's iterations are (offset + k * stride,
         # relative to an enclosing step loop), for the timeline's step labels.
-        if any(a.dtype == jnp.bfloat16 for a in jax.tree_util.tree_leaves(carry)):
+        # XLA:CPU alone widens a bfloat16 slice's whole operand (see `residuals_as_bits`);
+        # XLA:GPU and XLA:TPU slice bfloat16 natively, so there the body is left as it is.
+        if (jax.default_backend() == "cpu"
+                and any(a.dtype == jnp.bfloat16 for a in jax.tree_util.tree_leaves(carry))):
             body = residuals_as_bits(body)
         with jax.named_scope(step_scope(offset, stride)):
             return jax.lax.scan(body, carry, xs)
