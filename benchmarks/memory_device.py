@@ -20,6 +20,12 @@ Stages:
 
     python benchmarks/memory_device.py --budget 420 --out DIR
     python benchmarks/memory_device.py --stages claim,recipes-bf16 --merge OLD.json
+    python benchmarks/memory_device.py --report RECORD.json --log RUN.log  # no device work
+
+`--report` rewrites a record's ``.md`` and, with ``--log`` (the run's printed output, XLA's
+warnings included), marks the rows whose compile XLA's rematerialization pass reported: on
+a GPU, XLA recomputes values by itself when a program's memory exceeds a limit it sets
+from the card, so such a row is what the pass achieved, not the recipe alone.
 
 Without an accelerator it refuses (one line, exit status 2): `memory_recipes.py` records
 the CPU.
@@ -33,6 +39,7 @@ os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
 import argparse  # noqa: E402
 import json  # noqa: E402
+import re  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 import traceback  # noqa: E402
@@ -57,6 +64,71 @@ def parse_stages(text: str) -> list:
     return names
 
 
+# XLA's warning when its rematerialization pass cannot bring a program under its limit.
+XLA_REMAT = re.compile(r"hlo_rematerialization\.cc.*Can't reduce memory use below .*?\((\d+) "
+                       r"bytes\).*only reduced to .*?\((\d+) bytes\), down from .*?\((\d+) "
+                       r"bytes\)")
+ROW = re.compile(r"^(\S+)\s+(f32|bf16)\s+(\S+)\s+temp\s")
+
+
+def xla_remat_reports(log: str) -> dict:
+    """`{(preset, precision, recipe): {...}}` from a run's output: each warning of XLA's
+    rematerialization pass belongs to the next recipe row printed (printed after its
+    compile)."""
+    found, pending = {}, []
+    for line in log.splitlines():
+        m = XLA_REMAT.search(line)
+        if m:
+            limit, reached, start = map(int, m.groups())
+            pending.append({"limit_bytes": limit, "reduced_to_bytes": reached,
+                            "from_bytes": start})
+            continue
+        m = ROW.match(line)
+        if m and pending:
+            found[m.groups()] = pending[-1]
+            pending = []
+    return found
+
+
+def report_lines(record: dict) -> list:
+    """The lines `memory_recipes.markdown` has no place for: the run, XLA's own remat."""
+    gib = 2**30
+    hw = record["hardware"]
+    lines = ["", f"gclab commit {hw.get('commit', 'unknown')}, XLA on {hw['device']}, jax "
+             f"{hw['jax']}. Stages: " + "; ".join(
+                 f"{name} {st.get('date', '')[:16] or 'earlier run'}"
+                 + ("" if st["status"] == "done" else f" ({st['status'].splitlines()[0]})")
+                 for name, st in record.get("stages", {}).items()) + "."]
+    earlier = record.get("hardware_earlier")
+    if earlier:
+        lines[-1] += (" Stages and recipe rows without a date are kept from an earlier run "
+                      f"on {earlier['device']} "
+                      f"(jax {earlier['jax']}, commit {earlier.get('commit', 'unknown')}, "
+                      f"{earlier['date'][:16]}).")
+    live = record.get("claim_live")
+    if live and live.get("peak_bytes"):
+        lines += ["", f"`deepmind` in bfloat16 at {live['preset']}, run on "
+                  f"{record['hardware']['device']} ({live['steps']} timed steps in a fresh "
+                  f"process): measured peak {live['peak_bytes'] / gib:.2f} GiB "
+                  f"(`peak_bytes_in_use`) against the compiled total of "
+                  f"{live['plan_total_bytes'] / gib:.2f} GiB (ratio "
+                  f"{live['measured_over_plan']:.3f}); median step "
+                  f"{live['step_seconds']:.3f} s."]
+    marked = [r for r in record["recipes"] if r.get("xla_remat")]
+    if marked:
+        lines += ["", "XLA's rematerialization pass reported that it could not bring these "
+                  "programs under its limit; the temp above is what it reached (other rows "
+                  "above the limit may have been reduced without a report):", "",
+                  "| preset | precision | recipe | XLA's limit | before the pass | after |",
+                  "|---|---|---|---:|---:|---:|"]
+        for r in marked:
+            x = r["xla_remat"]
+            lines.append(f"| {r['preset']} | {r['precision']} | {r['recipe']} | "
+                         f"{x['limit_bytes'] / gib:.2f} GiB | {x['from_bytes'] / gib:.2f} GiB | "
+                         f"{x['reduced_to_bytes'] / gib:.2f} GiB |")
+    return lines
+
+
 def claim_live(repeats: int = 3, timeout: float = 400.0) -> dict:
     """`deepmind` in bfloat16 at 0.25 deg, run: measured device peak against the plan."""
     from gclab.config import get_preset
@@ -77,12 +149,50 @@ def claim_live(repeats: int = 3, timeout: float = 400.0) -> dict:
             "step_seconds": (r.result or {}).get("step_seconds"), "steps": repeats}
 
 
+def markdown(record: dict, checks: list) -> str:
+    import memory_recipes as mr
+
+    return mr.markdown(record["hardware"], record["recipes"], record["rollout"],
+                       record["step_time"], checks, record["layer_norm_bf16_error"],
+                       record.get("authors_claim")) + "\n".join(report_lines(record)) + "\n"
+
+
+def report(path: Path, log_path) -> int:
+    """Writes `path`'s .md again, first marking the rows XLA's remat pass reported."""
+    import memory_recipes as mr
+
+    from gclab.files import write_text_atomic
+
+    try:
+        record = json.loads(path.read_text())
+        log = log_path.read_text() if log_path else ""
+    except (OSError, ValueError) as e:
+        return fail(f"--report/--log: cannot read ({e})")
+    if log_path:
+        found = xla_remat_reports(log)
+        for r in record.get("recipes", []):
+            key = (r["preset"], r["precision"], r["recipe"])
+            r.pop("xla_remat", None)
+            if key in found:
+                r["xla_remat"] = found[key]
+    record["targets"] = checks = mr.targets(record["recipes"], record["rollout"],
+                                            record["step_time"])
+    write_text_atomic(path, json.dumps(record, indent=1, default=str))
+    write_text_atomic(path.with_suffix(".md"), markdown(record, checks))
+    print(f"wrote {path} and {path.with_suffix('.md')}")
+    return 0
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--budget", type=float, default=None,
                         help="seconds: start no stage after this many have passed")
     parser.add_argument("--stages", default=",".join(STAGES),
                         help=f"comma-separated, in the order run (default: {','.join(STAGES)})")
+    parser.add_argument("--report", type=Path, default=None,
+                        help="a record to write again as .md (with --log), measuring nothing")
+    parser.add_argument("--log", type=Path, default=None,
+                        help="with --report: the run's output, read for XLA's remat warnings")
     parser.add_argument("--merge", type=Path, default=None,
                         help="a record of an earlier run on the same kind of device: its "
                              "figures are kept where this run does not measure them again")
@@ -95,6 +205,10 @@ def main(argv=None) -> int:
         return fail(str(e))
     if args.budget is not None and args.budget <= 0:
         return fail(f"--budget {args.budget:g}: a positive number of seconds")
+    if args.log and not args.report:
+        return fail("--log: only with --report")
+    if args.report:
+        return report(args.report, args.log)
 
     import jax
 
@@ -127,9 +241,7 @@ def main(argv=None) -> int:
         record["targets"] = checks = mr.targets(record["recipes"], record["rollout"],
                                                 record["step_time"])
         write_text_atomic(path, json.dumps(record, indent=1, default=str))
-        write_text_atomic(path.with_suffix(".md"), mr.markdown(
-            hw, record["recipes"], record["rollout"], record["step_time"], checks,
-            record["layer_norm_bf16_error"], record.get("authors_claim")))
+        write_text_atomic(path.with_suffix(".md"), markdown(record, checks))
 
     def recipes(precision):
         from gclab.config import get_preset
