@@ -149,6 +149,20 @@ def claim_live(repeats: int = 3, timeout: float = 400.0) -> dict:
             "step_seconds": (r.result or {}).get("step_seconds"), "steps": repeats}
 
 
+def write(path: Path, record: dict, checks: list) -> None:
+    """The record and its .md; the record into the package too where it is the results
+    folder's (the chapters read it from there, `gclab.recordings`)."""
+    import memory_recipes as mr
+
+    from gclab.files import write_text_atomic
+
+    text = json.dumps(record, indent=1, default=str)
+    write_text_atomic(path, text)
+    write_text_atomic(path.with_suffix(".md"), markdown(record, checks))
+    if path.parent.resolve() == mr.RESULTS.resolve():
+        write_text_atomic(mr.SHIPPED.parent / path.name, text)
+
+
 def markdown(record: dict, checks: list) -> str:
     import memory_recipes as mr
 
@@ -161,13 +175,16 @@ def report(path: Path, log_path) -> int:
     """Writes `path`'s .md again, first marking the rows XLA's remat pass reported."""
     import memory_recipes as mr
 
-    from gclab.files import write_text_atomic
 
     try:
         record = json.loads(path.read_text())
-        log = log_path.read_text() if log_path else ""
-    except (OSError, ValueError) as e:
-        return fail(f"--report/--log: cannot read ({e})")
+        record["recipes"], record["hardware"]["device"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return fail(f"--report {path}: not a record of this script ({e!r})")
+    try:
+        log = log_path.read_text(errors="replace") if log_path else ""
+    except OSError as e:
+        return fail(f"--log {log_path}: cannot be read ({e.strerror})")
     if log_path:
         found = xla_remat_reports(log)
         for r in record.get("recipes", []):
@@ -177,15 +194,14 @@ def report(path: Path, log_path) -> int:
                 r["xla_remat"] = found[key]
     record["targets"] = checks = mr.targets(record["recipes"], record["rollout"],
                                             record["step_time"])
-    write_text_atomic(path, json.dumps(record, indent=1, default=str))
-    write_text_atomic(path.with_suffix(".md"), markdown(record, checks))
+    write(path, record, checks)
     print(f"wrote {path} and {path.with_suffix('.md')}")
     return 0
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--budget", type=float, default=None,
+    parser.add_argument("--budget", default=None,
                         help="seconds: start no stage after this many have passed")
     parser.add_argument("--stages", default=",".join(STAGES),
                         help=f"comma-separated, in the order run (default: {','.join(STAGES)})")
@@ -203,8 +219,14 @@ def main(argv=None) -> int:
         stages = parse_stages(args.stages)
     except ValueError as e:
         return fail(str(e))
-    if args.budget is not None and args.budget <= 0:
-        return fail(f"--budget {args.budget:g}: a positive number of seconds")
+    if args.budget is not None:
+        try:
+            budget = float(args.budget)
+        except ValueError:
+            budget = -1.0
+        if not budget > 0:
+            return fail(f"--budget {args.budget}: a positive number of seconds")
+        args.budget = budget
     if args.log and not args.report:
         return fail("--log: only with --report")
     if args.report:
@@ -218,7 +240,6 @@ def main(argv=None) -> int:
     import memory_recipes as mr
     from record_gpu import commit
 
-    from gclab.files import write_text_atomic
 
     start = time.monotonic()
     hw = mr.hardware()
@@ -230,18 +251,21 @@ def main(argv=None) -> int:
     record = {"hardware": hw, "recipes": [], "rollout": [], "step_time": None,
               "layer_norm_bf16_error": [], "stages": {}}
     if args.merge:
-        earlier = json.loads(args.merge.read_text())
-        if earlier["hardware"].get("device_kind") != hw["device_kind"]:
+        try:
+            earlier = json.loads(args.merge.read_text())
+            earlier_kind = earlier["hardware"].get("device_kind")
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            return fail(f"--merge {args.merge}: not a record of this script ({e!r})")
+        if earlier_kind != hw["device_kind"]:
             return fail(f"--merge {args.merge}: recorded on "
-                        f"{earlier['hardware'].get('device_kind')}, not {hw['device_kind']}")
+                        f"{earlier_kind}, not {hw['device_kind']}")
         record.update({k: v for k, v in earlier.items() if k not in ("hardware", "targets")})
         record["hardware_earlier"] = earlier["hardware"]
 
     def save():
         record["targets"] = checks = mr.targets(record["recipes"], record["rollout"],
                                                 record["step_time"])
-        write_text_atomic(path, json.dumps(record, indent=1, default=str))
-        write_text_atomic(path.with_suffix(".md"), markdown(record, checks))
+        write(path, record, checks)
 
     def recipes(precision):
         from gclab.config import get_preset

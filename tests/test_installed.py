@@ -47,10 +47,11 @@ def test_a_non_editable_install_reads_its_recordings(tmp_path):
     assert set(found["jax"].split(",")) == {">=0.7", "<0.11"}
 
 
-@pytest.mark.parametrize("name", ["memory-cpu.json", "official-forecast-cpu.json"])
+@pytest.mark.parametrize("name", ["memory-cpu.json", "memory-gpu.json",
+                                  "official-forecast-cpu.json"])
 def test_the_shipped_recording_is_the_recorded_benchmark(name):
-    """The benchmark (`memory_recipes.py`, `official_forecast.py`) writes both; a hand edit of
-    one of them would show here."""
+    """The benchmark (`memory_recipes.py`, `memory_device.py`, `official_forecast.py`) writes
+    both; a hand edit of one of them would show here."""
     root = Path(__file__).resolve().parents[1]
     shipped = root / "gclab" / "recordings" / name
     assert shipped.read_bytes() == (root / "benchmarks" / "results" / name).read_bytes()
