@@ -1,7 +1,8 @@
 """Writes the README's measured blocks from the recorded result files.
 
-The README shows numbers only through this script: the recipe table comes from
-`benchmarks/results/memory-cpu.json` (written by `memory_recipes.py`) and the planner
+The README shows numbers only through this script: the recipe tables come from
+`benchmarks/results/memory-cpu.json` (written by `memory_recipes.py`) and
+`benchmarks/results/memory-gpu.json` (`memory_device.py`, on a GPU), the planner
 example from `benchmarks/results/plan-graphcast-small-T4.txt` (the output of
 `python -m gclab plan --budget T4 --preset graphcast-small`), the book's build time from
 `benchmarks/results/book-build-cpu.json` (written by `book_build.py`), the CI run from
@@ -63,6 +64,44 @@ def memory_block() -> str:
                   f"{_gib(peak['peak_bytes'])} peak are buffers with one row per grid node. "
                   "Streaming the grid nodes through its edge blocks too brings it to "
                   f"{_gib(steps['stream-grid-nodes']['total_bytes'])}."]
+    return "\n".join(lines)
+
+
+def memory_gpu_block() -> str:
+    record = json.loads((RESULTS / "memory-gpu.json").read_text())
+    rows = {(r["preset"], r["precision"], r["recipe"]): r for r in record["recipes"]}
+    hw = record["hardware"]
+    recipes = ("none", "per-step", "deepmind", "lean")
+    lines = [f"Measured on an {hw['device']} (XLA:GPU), jax {hw['jax']}, {hw['date'][:10]}, "
+             "compiled temp:", "",
+             "| model | " + " | ".join(f"`{r}`" for r in recipes) + " |",
+             "|---|" + "---:|" * len(recipes)]
+    for preset, title in (("graphcast-small", "graphcast-small (1 deg, {})"),
+                          ("graphcast", "graphcast (0.25 deg, 37 levels, {})")):
+        for precision in ("f32", "bf16"):
+            if all((preset, precision, r) in rows for r in recipes):
+                lines.append(f"| {title.format(precision)} | " + " | ".join(
+                    _gib(rows[(preset, precision, r)]["temp_bytes"])
+                    + (" *" if rows[(preset, precision, r)].get("xla_remat") else "")
+                    for r in recipes) + " |")
+    ratios = [rows[(p, "bf16", r)]["temp_bytes"] / rows[(p, "f32", r)]["temp_bytes"]
+              for p in ("graphcast-small", "graphcast") for r in recipes
+              if (p, "bf16", r) in rows and (p, "f32", r) in rows]
+    marked = [r for r in record["recipes"] if r.get("xla_remat")]
+    if marked:
+        limit = marked[0]["xla_remat"]["limit_bytes"]
+        lines += ["", f"\\* XLA's own rematerialization pass shrank these programs towards its "
+                  f"limit on this card ({_gib(limit)}), which they still exceed."]
+    claim = {r["step"]: r for r in record["authors_claim"]["rows"]}
+    live = record.get("claim_live") or {}
+    ran = (f" Run on the {hw['device']}, it peaked at {_gib(live['peak_bytes'])} "
+           f"(`peak_bytes_in_use`, {live['measured_over_plan']:.3f} of the plan), "
+           f"{live['step_seconds']:.2f} s a step." if live.get("peak_bytes") else "")
+    lines += ["", "On XLA:GPU the authors' recipe in bfloat16 at 0.25 deg needs "
+              f"{_gib(claim['deepmind']['total_bytes'])} in all (arguments + outputs + temp), "
+              f"within the 32 GB per TPU v4 chip GraphCast was trained in.{ran} bfloat16 "
+              f"temp is {min(ratios):.2f} to {max(ratios):.2f} of float32 temp across these "
+              "rows."]
     return "\n".join(lines)
 
 
@@ -178,7 +217,8 @@ def cluster_block() -> str:
     return "\n".join(lines)
 
 
-BLOCKS = {"memory-table": memory_block, "plan-example": plan_block, "book-build": book_block,
+BLOCKS = {"memory-table": memory_block, "memory-gpu": memory_gpu_block,
+          "plan-example": plan_block, "book-build": book_block,
           "ci-run": ci_block, "parallel-table": parallel_block, "cluster-plans": cluster_block}
 
 

@@ -492,6 +492,47 @@ def gpu_recording(chapter: str, scale: Scale, data_dir: Optional[Path] = None):
     return title, pd.DataFrame(rows)
 
 
+#: The recipe benchmark's recordings, one per backend (`benchmarks/memory_recipes.py` on a
+#: CPU, `benchmarks/memory_device.py` on a GPU), shipped with gclab.
+MEMORY_RECORDINGS = ("memory-cpu", "memory-gpu")
+
+
+def precision_by_backend(names: Sequence[str] = MEMORY_RECORDINGS,
+                         data_dir: Optional[Path] = None):
+    """bfloat16 against float32 compiled temp, per recorded backend, preset and recipe.
+
+    Returns:
+      `(sources, DataFrame)`: one line per recording found naming its device, jax version
+      and date; one row per (backend, preset, recipe) recorded in both precisions, with
+      both temps, their ratio, and whether XLA's own rematerialization pass reported
+      shrinking either compile (`benchmarks/memory_device.py --report`). Recordings that
+      do not exist are left out.
+    """
+    import pandas as pd
+
+    sources, rows = [], []
+    for name in names:
+        record = recorded(name, data_dir)
+        if record is None:
+            continue
+        hw = record["hardware"]
+        backend = {"cpu": "XLA:CPU", "gpu": "XLA:GPU", "tpu": "XLA:TPU"}.get(
+            hw["backend"], hw["backend"])
+        cores = f" ({hw['cpu_count']} cores)" if hw["backend"] == "cpu" else ""
+        sources.append(f"{backend}: {hw['device']}{cores}, jax {hw['jax']}, {hw['date'][:10]} "
+                       f"({name})")
+        by = {(r["preset"], r["precision"], r["recipe"]): r for r in record["recipes"]}
+        for (preset, precision, recipe), f32 in by.items():
+            bf16 = by.get((preset, "bf16", recipe))
+            if precision == "f32" and bf16 is not None:
+                rows.append({"backend": backend, "preset": preset, "recipe": recipe,
+                             "f32 temp": f32["temp_bytes"], "bf16 temp": bf16["temp_bytes"],
+                             "bf16 / f32": bf16["temp_bytes"] / f32["temp_bytes"],
+                             "XLA remat": bool(f32.get("xla_remat") or bf16.get("xla_remat"))})
+    return sources, pd.DataFrame(rows, columns=["backend", "preset", "recipe", "f32 temp",
+                                                "bf16 temp", "bf16 / f32", "XLA remat"])
+
+
 #: Why the measured column is empty where the backend is not a GPU.
 NOT_MEASURED = ("not measured on {backend}: no device allocator reports a peak "
                 "(peak_bytes_in_use) here, so XLA's plan is the only figure")

@@ -229,3 +229,39 @@ def test_page_text_wraps_each_long_line_and_keeps_short_ones():
     assert page_text("x" * 100, 30) == "x" * 100  # a word is never split
     with pytest.raises(ValueError, match="width=5 is invalid"):
         page_text("a", 5)
+
+
+def test_precision_by_backend_pairs_each_recipe_per_recorded_backend(tmp_path):
+    from gclab.notebook import precision_by_backend
+
+    def record(backend, device, rows):
+        return {"hardware": {"backend": backend, "device": device, "cpu_count": 2,
+                             "jax": "0.10.2", "date": "2026-11-26T02:00:00+00:00"},
+                "recipes": [{"preset": p, "precision": q, "recipe": r, "temp_bytes": t, **x}
+                            for p, q, r, t, x in rows]}
+
+    (tmp_path / "memory-cpu.json").write_text(json.dumps(record("cpu", "cpu", [
+        ("graphcast", "f32", "none", 400, {}), ("graphcast", "bf16", "none", 300, {}),
+        ("graphcast", "f32", "lean", 100, {})])))  # lean has no bf16 row: left out
+    (tmp_path / "memory-gpu.json").write_text(json.dumps(record("gpu", "NVIDIA H200", [
+        ("graphcast", "f32", "none", 400, {"xla_remat": {"limit_bytes": 1}}),
+        ("graphcast", "bf16", "none", 100, {})])))
+    sources, table = precision_by_backend(("memory-cpu", "memory-gpu", "memory-tpu"), tmp_path)
+    assert sources == ["XLA:CPU: cpu (2 cores), jax 0.10.2, 2026-11-26 (memory-cpu)",
+                       "XLA:GPU: NVIDIA H200, jax 0.10.2, 2026-11-26 (memory-gpu)"]
+    assert table.to_dict("records") == [
+        {"backend": "XLA:CPU", "preset": "graphcast", "recipe": "none", "f32 temp": 400,
+         "bf16 temp": 300, "bf16 / f32": 0.75, "XLA remat": False},
+        {"backend": "XLA:GPU", "preset": "graphcast", "recipe": "none", "f32 temp": 400,
+         "bf16 temp": 100, "bf16 / f32": 0.25, "XLA remat": True}]
+
+
+def test_the_shipped_records_give_both_backends_at_the_published_sizes():
+    from gclab.notebook import precision_by_backend
+
+    sources, table = precision_by_backend()
+    assert sources[0].startswith("XLA:CPU: cpu") and sources[1].startswith("XLA:GPU: NVIDIA")
+    published = table[table.preset.isin(["graphcast-small", "graphcast"])]
+    for backend in ("XLA:CPU", "XLA:GPU"):
+        rows = published[published.backend == backend]
+        assert len(rows) == 8 and ((rows["bf16 / f32"] > 0) & (rows["bf16 / f32"] < 1)).all()
