@@ -31,6 +31,21 @@ def _gib(n: float) -> str:
     return f"{n / GIB:.2f} GiB"
 
 
+def _temp_table(rows: dict, recipes: tuple, mark=lambda row: "") -> list:
+    """Compiled temp per model and precision (rows) and recipe (columns), each cell followed
+    by `mark(row)`."""
+    lines = ["| model | " + " | ".join(f"`{r}`" for r in recipes) + " |",
+             "|---|" + "---:|" * len(recipes)]
+    for preset, title in (("graphcast-small", "graphcast-small (1 deg, {})"),
+                          ("graphcast", "graphcast (0.25 deg, 37 levels, {})")):
+        for precision in ("f32", "bf16"):
+            if all((preset, precision, r) in rows for r in recipes):
+                lines.append(f"| {title.format(precision)} | " + " | ".join(
+                    _gib(rows[(preset, precision, r)]["temp_bytes"])
+                    + mark(rows[(preset, precision, r)]) for r in recipes) + " |")
+    return lines
+
+
 def memory_block() -> str:
     record = json.loads((RESULTS / "memory-cpu.json").read_text())
     rows = {(r["preset"], r["precision"], r["recipe"]): r for r in record["recipes"]}
@@ -39,15 +54,7 @@ def memory_block() -> str:
     again = "".join(f" ({p} rows: {record[f'hardware_{p}']['date'][:10]})"
                     for p in ("f32", "bf16") if f"hardware_{p}" in record)
     lines = [f"Measured on {hw['device']} ({hw['cpu_count']} cores), jax {hw['jax']}, "
-             f"{hw['date'][:10]}{again}:", "",
-             "| model | " + " | ".join(f"`{r}`" for r in recipes) + " |",
-             "|---|" + "---:|" * len(recipes)]
-    for preset, title in (("graphcast-small", "graphcast-small (1 deg, {})"),
-                          ("graphcast", "graphcast (0.25 deg, 37 levels, {})")):
-        for precision in ("f32", "bf16"):
-            if all((preset, precision, r) in rows for r in recipes):
-                lines.append(f"| {title.format(precision)} | " + " | ".join(
-                    _gib(rows[(preset, precision, r)]["temp_bytes"]) for r in recipes) + " |")
+             f"{hw['date'][:10]}{again}:", "", *_temp_table(rows, recipes)]
     checks = {c["target"]: c for c in record["targets"]}
     rollout = next(c for name, c in checks.items() if name.startswith("rollout"))
     lines += ["", f"Rollouts with `rollout_remat`: 12 steps need {rollout['value']:.2f}x the "
@@ -74,16 +81,7 @@ def memory_gpu_block() -> str:
     recipes = ("none", "per-step", "deepmind", "lean")
     lines = [f"Measured on an {hw['device']} (XLA:GPU), jax {hw['jax']}, {hw['date'][:10]}, "
              "compiled temp:", "",
-             "| model | " + " | ".join(f"`{r}`" for r in recipes) + " |",
-             "|---|" + "---:|" * len(recipes)]
-    for preset, title in (("graphcast-small", "graphcast-small (1 deg, {})"),
-                          ("graphcast", "graphcast (0.25 deg, 37 levels, {})")):
-        for precision in ("f32", "bf16"):
-            if all((preset, precision, r) in rows for r in recipes):
-                lines.append(f"| {title.format(precision)} | " + " | ".join(
-                    _gib(rows[(preset, precision, r)]["temp_bytes"])
-                    + (" *" if rows[(preset, precision, r)].get("xla_remat") else "")
-                    for r in recipes) + " |")
+             *_temp_table(rows, recipes, lambda row: " *" if row.get("xla_remat") else "")]
     ratios = [rows[(p, "bf16", r)]["temp_bytes"] / rows[(p, "f32", r)]["temp_bytes"]
               for p in ("graphcast-small", "graphcast") for r in recipes
               if (p, "bf16", r) in rows and (p, "f32", r) in rows]
