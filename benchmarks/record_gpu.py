@@ -108,8 +108,14 @@ def hardware() -> dict:
             "jax": jax.__version__, "commit": commit()}
 
 
-def record_part(part: Part, scale, dry_run: bool, repeats: int = 3) -> dict:
-    """Runs (or, dry, lists) one part; returns the recording."""
+def record_part(part: Part, scale, dry_run: bool, repeats: int = 3,
+                save: Optional[Callable[[dict], None]] = None) -> dict:
+    """Runs (or, dry, lists) one part; returns the recording.
+
+    A configuration that fails is recorded as failed (its error's first line) and the next
+    one still runs; `save`, if given, receives the recording so far after every
+    configuration, so that a run cut short keeps the rows it measured.
+    """
     from gclab.notebook import run_if_fits, usable_here
     from gclab.sizing import train_step_memory
 
@@ -122,22 +128,30 @@ def record_part(part: Part, scale, dry_run: bool, repeats: int = 3) -> dict:
             print(f"  {config.chapter}  {config.label}: {config.spec.title()}")
             rows.append(row)
             continue
-        plan = train_step_memory(config.spec)
-        run = run_if_fits(config.spec, config.label, usable=usable, measure=False)
-        row.update(plan_bytes=plan.total_bytes, temp_bytes=plan.temp_bytes, fits=run.fits,
-                   status=run.status())
-        if run.fits:
-            from gclab.measure import measure_peak
+        try:
+            plan = train_step_memory(config.spec)
+            run = run_if_fits(config.spec, config.label, usable=usable, measure=False)
+            row.update(plan_bytes=plan.total_bytes, temp_bytes=plan.temp_bytes, fits=run.fits,
+                       status=run.status())
+            if run.fits:
+                from gclab.measure import measure_peak
 
-            r = measure_peak("gclab.sizing.sweep:timed_steps",
-                             {"spec_json": config.spec.to_json(), "steps": repeats})
-            row.update(measure_status=r.status, peak_bytes=r.peak_bytes,
-                       step_seconds=(r.result or {}).get("step_seconds"),
-                       measured_over_plan=(r.peak_bytes / plan.total_bytes
-                                           if r.peak_bytes else None))
+                r = measure_peak("gclab.sizing.sweep:timed_steps",
+                                 {"spec_json": config.spec.to_json(), "steps": repeats})
+                row.update(measure_status=r.status, peak_bytes=r.peak_bytes,
+                           step_seconds=(r.result or {}).get("step_seconds"),
+                           measured_over_plan=(r.peak_bytes / plan.total_bytes
+                                               if r.peak_bytes else None))
+        except Exception as e:  # noqa: BLE001 - recorded; the lease goes on to the next one
+            first = (str(e).strip().splitlines() or [""])[0][:300]
+            row.update(plan_bytes=row.get("plan_bytes"), fits=None,
+                       status=f"failed: {type(e).__name__}: {first}")
         print(f"  {config.label}: {row['status']}"
-              + (f", measured peak {row.get('peak_bytes')}" if run.fits else ""), flush=True)
+              + (f", measured peak {row.get('peak_bytes')}" if row.get("fits") else ""),
+              flush=True)
         rows.append(row)
+        if save is not None:
+            save({"part": part.name, "scale": scale.name, "rows": rows})
     return {"part": part.name, "scale": scale.name, "rows": rows}
 
 
@@ -187,11 +201,15 @@ def main(argv: Optional[list] = None) -> int:
 
     out = args.out or output_dir()
     out.mkdir(parents=True, exist_ok=True)
-    record = {"hardware": hardware(),
-              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              **record_part(part, scale, dry_run=False)}
+    head = {"hardware": hardware(),
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
     path = out / f"gpu-{scale.name}-{part.name}.json"
-    write_text_atomic(path, json.dumps(record, indent=1, default=str))
+
+    def save(recording: dict, complete: bool = False) -> None:
+        write_text_atomic(path, json.dumps({**head, **recording, "complete": complete},
+                                           indent=1, default=str))
+
+    save(record_part(part, scale, dry_run=False, save=save), complete=True)
     print(f"wrote {path}")
     return 0
 

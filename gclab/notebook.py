@@ -482,13 +482,15 @@ def gpu_recording(chapter: str, scale: Scale, data_dir: Optional[Path] = None):
     if record is None:
         return None
     hw = record["hardware"]
-    rows = [{"configuration": r["label"], "plan": _format(r["plan_bytes"]),
+    rows = [{"configuration": r["label"], "plan": _format(r.get("plan_bytes")),
              "measured peak": _format(r.get("peak_bytes")),
              "measured / plan": r.get("measured_over_plan"),
              "step seconds": r.get("step_seconds"), "on the card": r["status"]}
             for r in record["rows"] if r["chapter"] == str(chapter).zfill(2)]
     title = (f"recorded on {hw['device']} ({hw.get('backend')}), {record['date']}, jax "
-             f"{hw.get('jax')}, gclab commit {str(hw.get('commit'))[:12]}")
+             f"{hw.get('jax')}, gclab commit {str(hw.get('commit'))[:12]}"
+             + (" (incomplete: the run stopped before its last configuration)"
+                if record.get("complete") is False else ""))
     return title, pd.DataFrame(rows)
 
 

@@ -53,3 +53,60 @@ def test_a_dry_run_names_what_a_part_would_run():
     assert r.returncode == 0, r.stderr
     assert "graphcast lean bf16: 0.25 deg / 6 splits, 16 x 512, 37 levels" in r.stdout
     assert r.stdout.count("\n  0") == 4  # chapters 01, 05 (two) and 07
+
+
+def test_a_configuration_that_fails_is_recorded_and_each_row_is_saved_as_it_ends(monkeypatch):
+    """On a lent GPU a configuration that breaks must not cost the rows already measured:
+    it is recorded as failed, the next one runs, and the recording is saved after each."""
+    import gclab.notebook
+    import gclab.sizing
+
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        import record_gpu
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+
+    class Plan:
+        total_bytes, temp_bytes = 3 * 2**30, 2 * 2**30
+
+    class Run:
+        fits = False
+
+        def status(self):
+            return "needs 3.00 GiB, does not fit this card"
+
+    def plan(spec):
+        if spec.memory.precision == "bf16":
+            raise TypeError("No constant handler for type: <DynamicJaxprTracer>\nmore lines")
+        return Plan()
+
+    monkeypatch.setattr(gclab.sizing, "train_step_memory", plan)
+    monkeypatch.setattr(gclab.notebook, "run_if_fits", lambda *a, **k: Run())
+    saved = []
+    scale = gclab.notebook.scale_named("80GB")
+    recording = record_gpu.record_part(record_gpu.PARTS[1], scale, dry_run=False,
+                                       save=lambda r: saved.append(len(r["rows"])))
+    rows = recording["rows"]
+    assert saved == list(range(1, len(rows) + 1))
+    failed = [r for r in rows if r["status"].startswith("failed")]
+    assert failed and len(failed) < len(rows)
+    assert all(r["status"] == "failed: TypeError: No constant handler for type: "
+               "<DynamicJaxprTracer>" and r["fits"] is None for r in failed)
+    assert all(r["plan_bytes"] == Plan.total_bytes for r in rows if r not in failed)
+
+
+def test_an_incomplete_recording_says_so(tmp_path):
+    import json
+
+    from gclab.notebook import gpu_recording, scale_named
+
+    record = {"hardware": {"device": "NVIDIA H200", "backend": "gpu", "jax": "0.11.2",
+                           "commit": "c5e4f345cc41"},
+              "date": "2026-11-26T01:55:00+00:00", "complete": False,
+              "rows": [{"chapter": "05", "label": "live model bf16", "plan_bytes": None,
+                        "fits": None, "status": "failed: TypeError: no constant handler"}]}
+    (tmp_path / "gpu-141GB-chapters-01-05-07.json").write_text(json.dumps(record))
+    title, table = gpu_recording("05", scale_named("141GB"), tmp_path)
+    assert title.endswith("(incomplete: the run stopped before its last configuration)")
+    assert table["plan"][0] == "n/a" and table["on the card"][0].startswith("failed")

@@ -36,7 +36,9 @@ def here(capsys, *argv: str) -> dict:
 
 
 def gclab(*argv: str, extra_env: dict | None = None, wait: bool = True):
-    env = dict(os.environ, XLA_FLAGS="--xla_backend_optimization_level=0",
+    # The test process's XLA_FLAGS (tests/conftest.py) pass on unchanged, so a run here and
+    # one in a child compile a step under one key of JAX's persistent cache.
+    env = dict(os.environ,
                PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH"))
                                           if p), **(extra_env or {}))
     cmd = [sys.executable, "-m", "gclab", *argv]
