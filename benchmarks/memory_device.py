@@ -149,33 +149,31 @@ def claim_live(repeats: int = 3, timeout: float = 400.0) -> dict:
             "step_seconds": (r.result or {}).get("step_seconds"), "steps": repeats}
 
 
-def write(path: Path, record: dict, checks: list) -> None:
-    """The record and its .md; the record into the package too where it is the results
-    folder's (the chapters read it from there, `gclab.recordings`)."""
+def write(path: Path, record: dict) -> None:
+    """The record, its targets checked again, and its .md; the record into the package too
+    where it is the results folder's (the chapters read it from there, `gclab.recordings`)."""
     import memory_recipes as mr
 
     from gclab.files import write_text_atomic
 
+    record["targets"] = mr.targets(record["recipes"], record["rollout"], record["step_time"])
     text = json.dumps(record, indent=1, default=str)
     write_text_atomic(path, text)
-    write_text_atomic(path.with_suffix(".md"), markdown(record, checks))
+    write_text_atomic(path.with_suffix(".md"), markdown(record))
     if path.parent.resolve() == mr.RESULTS.resolve():
         write_text_atomic(mr.SHIPPED.parent / path.name, text)
 
 
-def markdown(record: dict, checks: list) -> str:
+def markdown(record: dict) -> str:
     import memory_recipes as mr
 
     return mr.markdown(record["hardware"], record["recipes"], record["rollout"],
-                       record["step_time"], checks, record["layer_norm_bf16_error"],
+                       record["step_time"], record["targets"], record["layer_norm_bf16_error"],
                        record.get("authors_claim")) + "\n".join(report_lines(record)) + "\n"
 
 
 def report(path: Path, log_path) -> int:
     """Writes `path`'s .md again, first marking the rows XLA's remat pass reported."""
-    import memory_recipes as mr
-
-
     try:
         record = json.loads(path.read_text())
         record["recipes"], record["hardware"]["device"]
@@ -192,9 +190,7 @@ def report(path: Path, log_path) -> int:
             r.pop("xla_remat", None)
             if key in found:
                 r["xla_remat"] = found[key]
-    record["targets"] = checks = mr.targets(record["recipes"], record["rollout"],
-                                            record["step_time"])
-    write(path, record, checks)
+    write(path, record)
     print(f"wrote {path} and {path.with_suffix('.md')}")
     return 0
 
@@ -240,7 +236,6 @@ def main(argv=None) -> int:
     import memory_recipes as mr
     from record_gpu import commit
 
-
     start = time.monotonic()
     hw = mr.hardware()
     hw["device_kind"] = jax.devices()[0].device_kind
@@ -263,29 +258,16 @@ def main(argv=None) -> int:
         record["hardware_earlier"] = earlier["hardware"]
 
     def save():
-        record["targets"] = checks = mr.targets(record["recipes"], record["rollout"],
-                                                record["step_time"])
-        write(path, record, checks)
+        write(path, record)
 
     def recipes(precision):
-        from gclab.config import get_preset
-        from gclab.memory import RECIPES, get_recipe
-        from gclab.sizing import StepSpec, train_step_memory
-
         for preset_name in PRESETS:
-            preset = get_preset(preset_name)
-            for recipe in RECIPES:
+            for recipe in mr.RECIPES:
                 if any((r["preset"], r["precision"], r["recipe"]) ==
                        (preset_name, precision, recipe) for r in record["recipes"]):
                     continue
-                m = train_step_memory(StepSpec(preset.model, preset.task,
-                                               get_recipe(recipe, precision)))
-                record["recipes"].append({"preset": preset_name, "precision": precision,
-                                          "recipe": recipe, **m.to_dict(),
+                record["recipes"].append({**mr.recipe_row(preset_name, precision, recipe),
                                           "date": mr.hardware()["date"]})
-                print(f"{preset_name:<16} {precision:<5} {recipe:<9} temp "
-                      f"{m.temp_bytes / 2**30:8.2f} GiB  compile {m.compile_seconds:5.1f} s",
-                      flush=True)
                 save()
 
     runs = {

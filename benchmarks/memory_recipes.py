@@ -59,21 +59,18 @@ def hardware() -> dict:
     return machine()
 
 
+def recipe_row(preset_name: str, precision: str, recipe: str) -> dict:
+    """One training step's compiled memory (a row of the recipe table), printed as it ends."""
+    preset = get_preset(preset_name)
+    m = train_step_memory(StepSpec(preset.model, preset.task, get_recipe(recipe, precision)))
+    print(f"{preset_name:<16} {precision:<5} {recipe:<9} temp "
+          f"{format_bytes(m.temp_bytes):>11}  compile {m.compile_seconds:5.1f} s", flush=True)
+    return {"preset": preset_name, "precision": precision, "recipe": recipe, **m.to_dict()}
+
+
 def recipe_table(presets, precisions) -> list:
-    rows = []
-    for preset_name in presets:
-        preset = get_preset(preset_name)
-        for precision in precisions:
-            for recipe in RECIPES:
-                spec = StepSpec(preset.model, preset.task, get_recipe(recipe, precision))
-                m = train_step_memory(spec)
-                row = {"preset": preset_name, "precision": precision, "recipe": recipe,
-                       **m.to_dict()}
-                rows.append(row)
-                print(f"{preset_name:<16} {precision:<5} {recipe:<9} temp "
-                      f"{format_bytes(m.temp_bytes):>11}  compile {m.compile_seconds:5.1f} s",
-                      flush=True)
-    return rows
+    return [recipe_row(preset_name, precision, recipe) for preset_name in presets
+            for precision in precisions for recipe in RECIPES]
 
 
 def rollout_rows(preset_name: str, lengths=(1, 2, 4, 8, 12)) -> list:

@@ -130,9 +130,9 @@ def record_part(part: Part, scale, dry_run: bool, repeats: int = 3,
             continue
         try:
             plan = train_step_memory(config.spec)
+            row.update(plan_bytes=plan.total_bytes, temp_bytes=plan.temp_bytes)
             run = run_if_fits(config.spec, config.label, usable=usable, measure=False)
-            row.update(plan_bytes=plan.total_bytes, temp_bytes=plan.temp_bytes, fits=run.fits,
-                       status=run.status())
+            row.update(fits=run.fits, status=run.status())
             if run.fits:
                 from gclab.measure import measure_peak
 
@@ -144,8 +144,8 @@ def record_part(part: Part, scale, dry_run: bool, repeats: int = 3,
                                                if r.peak_bytes else None))
         except Exception as e:  # noqa: BLE001 - recorded; the lease goes on to the next one
             first = (str(e).strip().splitlines() or [""])[0][:300]
-            row.update(plan_bytes=row.get("plan_bytes"), fits=None,
-                       status=f"failed: {type(e).__name__}: {first}")
+            row.setdefault("plan_bytes", None)  # a plan made before the failure is kept
+            row.update(fits=None, status=f"failed: {type(e).__name__}: {first}")
         print(f"  {config.label}: {row['status']}"
               + (f", measured peak {row.get('peak_bytes')}" if row.get("fits") else ""),
               flush=True)

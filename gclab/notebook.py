@@ -506,7 +506,7 @@ def precision_by_backend(names: Sequence[str] = MEMORY_RECORDINGS,
     Returns:
       `(sources, DataFrame)`: one line per recording found naming its device, jax version
       and date; one row per (backend, preset, recipe) recorded in both precisions, with
-      both temps, their ratio, and whether XLA's own rematerialization pass reported
+      the device, both temps, their ratio, and whether XLA's own rematerialization pass reported
       shrinking either compile (`benchmarks/memory_device.py --report`). Recordings that
       do not exist are left out.
     """
@@ -527,12 +527,45 @@ def precision_by_backend(names: Sequence[str] = MEMORY_RECORDINGS,
         for (preset, precision, recipe), f32 in by.items():
             bf16 = by.get((preset, "bf16", recipe))
             if precision == "f32" and bf16 is not None:
-                rows.append({"backend": backend, "preset": preset, "recipe": recipe,
+                rows.append({"backend": backend, "device": hw["device"], "preset": preset,
+                             "recipe": recipe,
                              "f32 temp": f32["temp_bytes"], "bf16 temp": bf16["temp_bytes"],
                              "bf16 / f32": bf16["temp_bytes"] / f32["temp_bytes"],
                              "XLA remat": bool(f32.get("xla_remat") or bf16.get("xla_remat"))})
-    return sources, pd.DataFrame(rows, columns=["backend", "preset", "recipe", "f32 temp",
-                                                "bf16 temp", "bf16 / f32", "XLA remat"])
+    return sources, pd.DataFrame(rows, columns=["backend", "device", "preset", "recipe",
+                                                "f32 temp", "bf16 temp", "bf16 / f32",
+                                                "XLA remat"])
+
+
+def claim_figures(record: Optional[dict]) -> dict:
+    """The authors'-claim figures of a recipe-benchmark recording, as the prose pastes them.
+
+    Reads ``authors_claim`` (the ladder's compiled totals and the largest buffers at the
+    peak of `deepmind` in bfloat16 at 0.25 deg) and, where the run was measured,
+    ``claim_live``. Keys: ``device``, ``deepmind_total``, ``haiku_total``,
+    ``streamed_total``, ``lean_total``, ``peak``, ``peak_f32`` (its float32 share),
+    ``grid_buffers``, ``grid_bytes``, ``live_peak``, ``live_ratio``, ``live_step``. A
+    figure the recording does not hold (or no recording) reads ``n/a``, a number NaN.
+    """
+    claim = (record or {}).get("authors_claim")
+    live = (record or {}).get("claim_live") or {}
+    nan, na = float("nan"), "n/a"
+    totals = ({r["step"]: _format(r["total_bytes"]) for r in claim["rows"]} if claim else {})
+    peak = claim["peak"] if claim else None
+    return {
+        "device": record["hardware"]["device"] if record else na,
+        "deepmind_total": totals.get("deepmind", na),
+        "haiku_total": totals.get("haiku-layer-norm", na),
+        "streamed_total": totals.get("stream-grid-nodes", na),
+        "lean_total": totals.get("lean", na),
+        "peak": _format(peak["peak_bytes"]) if peak else na,
+        "peak_f32": f"{peak['float32_bytes'] / peak['peak_bytes']:.0%}" if peak else na,
+        "grid_buffers": peak["grid_sized_buffers"] if peak else nan,
+        "grid_bytes": _format(peak["grid_sized_bytes"]) if peak else na,
+        "live_peak": _format(live["peak_bytes"]) if live.get("peak_bytes") else na,
+        "live_ratio": live.get("measured_over_plan") or nan,
+        "live_step": live.get("step_seconds") or nan,
+    }
 
 
 #: Why the measured column is empty where the backend is not a GPU.

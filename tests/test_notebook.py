@@ -250,10 +250,11 @@ def test_precision_by_backend_pairs_each_recipe_per_recorded_backend(tmp_path):
     assert sources == ["XLA:CPU: cpu (2 cores), jax 0.10.2, 2026-11-26 (memory-cpu)",
                        "XLA:GPU: NVIDIA H200, jax 0.10.2, 2026-11-26 (memory-gpu)"]
     assert table.to_dict("records") == [
-        {"backend": "XLA:CPU", "preset": "graphcast", "recipe": "none", "f32 temp": 400,
-         "bf16 temp": 300, "bf16 / f32": 0.75, "XLA remat": False},
-        {"backend": "XLA:GPU", "preset": "graphcast", "recipe": "none", "f32 temp": 400,
-         "bf16 temp": 100, "bf16 / f32": 0.25, "XLA remat": True}]
+        {"backend": "XLA:CPU", "device": "cpu", "preset": "graphcast", "recipe": "none",
+         "f32 temp": 400, "bf16 temp": 300, "bf16 / f32": 0.75, "XLA remat": False},
+        {"backend": "XLA:GPU", "device": "NVIDIA H200", "preset": "graphcast",
+         "recipe": "none", "f32 temp": 400, "bf16 temp": 100, "bf16 / f32": 0.25,
+         "XLA remat": True}]
 
 
 def test_the_shipped_records_give_both_backends_at_the_published_sizes():
@@ -265,3 +266,27 @@ def test_the_shipped_records_give_both_backends_at_the_published_sizes():
     for backend in ("XLA:CPU", "XLA:GPU"):
         rows = published[published.backend == backend]
         assert len(rows) == 8 and ((rows["bf16 / f32"] > 0) & (rows["bf16 / f32"] < 1)).all()
+
+
+def test_claim_figures_paste_a_recording_and_say_n_a_without_one():
+    import math
+
+    from gclab.notebook import claim_figures
+
+    record = {"hardware": {"device": "NVIDIA H200"},
+              "authors_claim": {"rows": [{"step": "deepmind", "total_bytes": 3 * 2**30},
+                                         {"step": "lean", "total_bytes": 2**30}],
+                                "peak": {"peak_bytes": 4 * 2**30, "float32_bytes": 2**30,
+                                         "grid_sized_buffers": 3,
+                                         "grid_sized_bytes": 2 * 2**30}},
+              "claim_live": {"peak_bytes": 5 * 2**30, "measured_over_plan": 1.25,
+                             "step_seconds": 0.5}}
+    got = claim_figures(record)
+    assert got == {"device": "NVIDIA H200", "deepmind_total": "3.00 GiB",
+                   "haiku_total": "n/a", "streamed_total": "n/a", "lean_total": "1.00 GiB",
+                   "peak": "4.00 GiB", "peak_f32": "25%", "grid_buffers": 3,
+                   "grid_bytes": "2.00 GiB", "live_peak": "5.00 GiB", "live_ratio": 1.25,
+                   "live_step": 0.5}
+    empty = claim_figures(None)
+    assert set(empty) == set(got) and empty["deepmind_total"] == "n/a"
+    assert math.isnan(empty["grid_buffers"]) and math.isnan(empty["live_step"])
