@@ -3,7 +3,7 @@
 Run as `python pipeline_worker.py N LAYOUT@MEMORY[;LAYOUT@MEMORY...]` in a fresh process:
 it asks for N simulated CPU devices before JAX starts, and for each layout (e.g.
 `pipeline:2,microbatches:2,stage-steps:1/4,stage-remat:1/0`) and memory setting (`none`,
-`remat`, `blocks-remat`, `lean`) computes the loss and gradients under the layout (batch 4,
+`remat`, `lean`) computes the loss and gradients under the layout (batch 4,
 rollout 1) and prints one JSON line with the largest relative differences from one
 device's float32 baseline: the plain model, no memory technique, computed once for all
 cases. Compiles skip LLVM optimisation (`plan_only_options`), which keeps them fast.
@@ -43,9 +43,6 @@ EDGE_BLOCK = 700  # several blocks of every edge set at 6 deg
 MEMORY = {
     "none": MemoryConfig(),
     "remat": MemoryConfig(processor_remat="step"),
-    "blocks-remat": MemoryConfig(processor_remat="nested", remat_group_size=2,
-                                 edge_block_size=EDGE_BLOCK, processor_edge_blocks=True,
-                                 checkpoint_encoder=True, checkpoint_decoder=True),
     # Streamed grid nodes: the inputs, not grid latents, travel from the first stage to
     # the last.
     "lean": get_recipe("lean").replace(edge_block_size=EDGE_BLOCK),

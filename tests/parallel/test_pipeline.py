@@ -38,8 +38,9 @@ CASES = [
 # together they cover every stage count, split, remat choice and axis combination once.
 
 # A layout whose stage steps and remat the planner chooses (one sample per micro-batch):
-# four stages, so the choice has uneven splits and per-stage remat to make. (Two stages are
-# planned through `gclab plan` in test_train_cli.py.)
+# four stages, so the choice has uneven splits and per-stage remat to make. (A two-stage
+# choice is planned, and checked against one ratio for all stages, through `gclab plan` in
+# test_train_cli.py.)
 PLANS = ["pipeline:4,microbatches:4"]
 # The planner's bytes per device may exceed the compiled step's by this fraction at most
 # (it must never be below).
