@@ -797,8 +797,9 @@ def memory_timeline(
 ) -> Timeline:
     """Memory timeline of ``jax.jit(fn)(*args, **kwargs)`` from XLA's buffer assignment.
 
-    Compiles (never runs) `fn` with `plan_only_options` and, for this compile only, XLA's
-    dump; then reads the schedule, live ranges and buffer assignment of the optimised module.
+    Compiles (never runs) `fn` with `plan_only_options`, XLA:CPU's default fusion emitters
+    (whatever ``XLA_FLAGS`` say) and, for this compile only, XLA's dump; then reads the
+    schedule, live ranges and buffer assignment of the optimised module.
 
     Args:
       fn: function to analyse (typically a training step or ``jax.grad(loss)``).
