@@ -86,6 +86,7 @@ from gclab.memory.remat import STEP_SCOPE_PREFIX
 
 __all__ = [
     "DEFAULT_STAGE_RULES",
+    "TIMELINE_COMPILER_OPTIONS",
     "LiveValue",
     "Timeline",
     "compile_with_timeline",
@@ -828,7 +829,7 @@ def memory_timeline(
 # the dump of the same step lists about a thousand times as many schedule points (cpu-4x32's
 # step, `none`: 2.0 million against 2,039), too many to read or draw. The option is ignored
 # off the CPU backend.
-_DEFAULT_EMITTERS = {"xla_cpu_use_fusion_emitters": True}
+TIMELINE_COMPILER_OPTIONS = {"xla_cpu_use_fusion_emitters": True}
 
 
 @contextlib.contextmanager
@@ -874,7 +875,7 @@ def compile_with_timeline(
       ``(compiled, compile_seconds, timeline)``.
     """
     dump_dir = keep_dump or tempfile.mkdtemp(prefix="gclab_xla_dump_")
-    options = {**(compiler_options or {}), **_DEFAULT_EMITTERS,
+    options = {**(compiler_options or {}), **TIMELINE_COMPILER_OPTIONS,
                "xla_dump_to": dump_dir, "xla_dump_hlo_as_text": True}
     try:
         with without_persistent_cache():  # a cached executable writes no dump

@@ -32,6 +32,7 @@ from gclab.measure import (  # noqa: E402
     summarize_residuals,
     track_host_memory,
 )
+from gclab.measure.timeline import TIMELINE_COMPILER_OPTIONS  # noqa: E402
 from gclab.memory import MemoryConfig  # noqa: E402
 
 #: Stated margin: the timeline peak lies in [(1 - MARGIN) * temp_bytes, temp_bytes].
@@ -153,10 +154,10 @@ def test_measure_peak_oom_by_budget():
 def test_timeline_peak_matches_temp_bytes(remat):
     loss, params, x = _toy(remat)
     timeline = memory_timeline(jax.grad(loss), params, x)
-    # A timeline is compiled with XLA:CPU's default fusion emitters, which the tests' own
-    # flags turn off elsewhere (tests/conftest.py): the same here.
-    temp = compile_fn(jax.grad(loss), params, x, compiler_options={
-        "xla_cpu_use_fusion_emitters": True}).memory_analysis().temp_size_in_bytes
+    # Compiled as a timeline is (XLA:CPU's default fusion emitters, which the tests' own
+    # flags turn off elsewhere: tests/conftest.py).
+    temp = compile_fn(jax.grad(loss), params, x, compiler_options=TIMELINE_COMPILER_OPTIONS
+                      ).memory_analysis().temp_size_in_bytes
     assert isinstance(timeline, Timeline)
     assert timeline.temp_bytes == temp
     assert (1 - TIMELINE_MARGIN) * temp <= timeline.peak_bytes <= temp
@@ -487,7 +488,7 @@ def test_one_compile_gives_memory_timeline_and_a_runnable_step(caplog):
     import dataclasses
 
     from gclab.config import PRESETS
-    from gclab.sizing import StepSpec, compile_train_step, train_step_memory
+    from gclab.sizing import StepSpec, compile_train_step
 
     preset = PRESETS["cpu-4x32"]
     model = dataclasses.replace(preset.model, latent_size=16, processor_steps=2)
@@ -501,8 +502,9 @@ def test_one_compile_gives_memory_timeline_and_a_runnable_step(caplog):
     # From shapes with a timeline too: a timeline compile keeps XLA:CPU's default emitters,
     # which the tests' flags turn off for other compiles (tests/conftest.py).
     assert step.memory.temp_bytes == compile_train_step(spec, timeline=True).memory.temp_bytes
-    assert (abs(step.memory.temp_bytes - train_step_memory(spec).temp_bytes)
-            <= 0.01 * step.memory.temp_bytes)
+    plain = compile_train_step(spec)
+    assert plain.timeline is None and plain.run is None
+    assert abs(step.memory.temp_bytes - plain.memory.temp_bytes) <= 0.01 * step.memory.temp_bytes
     assert step.timeline.temp_bytes == step.memory.temp_bytes
     assert step.timeline.peak_bytes <= step.memory.temp_bytes
     # Read with the default emitters although the tests' flags turn them off: 1,446 points
@@ -511,8 +513,6 @@ def test_one_compile_gives_memory_timeline_and_a_runnable_step(caplog):
     assert any(s.startswith("processor step") for s in step.timeline.stages())
     step.run()
     step.run()
-    plain = compile_train_step(spec)
-    assert plain.timeline is None and plain.run is None
 
 
 # The plainest step and the one that uses every technique (`lean`: nested remat, edge blocks
