@@ -61,7 +61,12 @@ class HardwareReport(dict):
 
     def __str__(self) -> str:
         width = max(map(len, self))
-        return "\n".join(f"{k:<{width}}  {v}" for k, v in self.items())
+        # A long value (several XLA flags) continues on lines of its own, under itself.
+        return "\n".join(
+            f"{k:<{width}}  " + f"\n{'':<{width}}  ".join(
+                textwrap.wrap(str(v), PAGE_WIDTH - width - 2, break_long_words=False,
+                              break_on_hyphens=False) or [""])
+            for k, v in self.items())
 
 
 def _host_memory() -> Optional[int]:
@@ -72,7 +77,8 @@ def _host_memory() -> Optional[int]:
 
 
 def hardware_report() -> HardwareReport:
-    """Backend, device, memory, CPU count, library versions and the date."""
+    """Backend, device, memory, CPU count, library versions, the date, and ``XLA_FLAGS``
+    where set."""
     import haiku
     import jax
     import jaxlib
@@ -95,6 +101,8 @@ def hardware_report() -> HardwareReport:
         "versions": f"jax {jax.__version__}, jaxlib {jaxlib.__version__}, "
                     f"haiku {haiku.__version__}, gclab {gclab.__version__}",
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        # The compiler's settings where the caller changed them (they change what it plans).
+        **({"XLA flags": flags} if (flags := os.environ.get("XLA_FLAGS", "").strip()) else {}),
     })
 
 
@@ -750,8 +758,14 @@ def time_table(samples: Mapping[str, Sequence[float]]):
 # ------------------------------------------------------------------ a guarded grid
 
 
+#: A timed step at least this long counts its first call (`guarded_grid`): measured on two
+#: cores, the first call of a compiled training step took 0.1 to 0.4 s longer than the next
+#: (0.28 against 0.09 s for 4 x 32 at 4 deg; 7.99 against 7.60 and 8.19 s for 16 x 512).
+LONG_STEP_SECONDS = 10.0
+
+
 def guarded_grid(configs: Sequence[LiveConfig], *, usable: Optional[int] = None,
-                 repeats: int = 1):
+                 repeats: int = 1, warmup: int = 1):
     """Compiles each configuration, and times only those whose plan fits.
 
     Each configuration goes through `run_if_fits`: compiled once for real arrays, but
@@ -763,7 +777,11 @@ def guarded_grid(configs: Sequence[LiveConfig], *, usable: Optional[int] = None,
     Args:
       configs: `LiveConfig`s (``live_configs("06", scale)``), in the order shown.
       usable: usable bytes to check against (default: `usable_here()`).
-      repeats: timed steps per cell that fits, after one untimed step.
+      repeats: timed steps per cell that fits, after `warmup` untimed steps.
+      warmup: untimed steps first (each cell's step is compiled before it is called, so
+        its first call compiles nothing, but it may pay one-time costs). A step that takes
+        `LONG_STEP_SECONDS` or more is timed from its first call (`median_seconds`'s
+        ``long_seconds``).
 
     Returns:
       A DataFrame, one row per configuration: ``label``, ``processor_steps``,
@@ -773,7 +791,7 @@ def guarded_grid(configs: Sequence[LiveConfig], *, usable: Optional[int] = None,
       not fit this card``).
 
     Raises:
-      ValueError: `repeats` not an integer >= 1.
+      ValueError: `repeats` not an integer >= 1, or `warmup` not an integer >= 0.
     """
     import gc
     import math
@@ -786,11 +804,14 @@ def guarded_grid(configs: Sequence[LiveConfig], *, usable: Optional[int] = None,
 
     if not is_int(repeats) or repeats < 1:
         raise ValueError(f"repeats={repeats!r} is invalid: an integer >= 1")
+    if not is_int(warmup) or warmup < 0:
+        raise ValueError(f"warmup={warmup!r} is invalid: an integer >= 0")
     usable = usable_here() if usable is None else int(usable)
     rows = []
     for config in configs:
         guarded = run_if_fits(config.spec, config.label, usable=usable)
-        seconds = median_seconds(guarded.step.run, repeats) if guarded.ran else math.nan
+        seconds = (median_seconds(guarded.step.run, repeats, warmup,
+                                  long_seconds=LONG_STEP_SECONDS) if guarded.ran else math.nan)
         model = config.spec.model
         rows.append({"label": config.label, "processor_steps": model.processor_steps,
                      "latent_size": model.latent_size,

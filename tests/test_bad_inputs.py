@@ -30,6 +30,7 @@ from gclab.measure.compiled import CompiledMemory
 from gclab.memory.config import RECIPES, MemoryConfig, get_recipe
 from gclab.model.graphcast import graph_inputs, make_network
 from gclab.model.reference import FixtureError, load_fixture, run_checks
+from gclab.notebook import guarded_grid
 from gclab.sizing import analytical, planner
 from gclab.sizing.step import StepSpec, compile_train_step, train_step_abstract
 from gclab.training.data import SyntheticWeather
@@ -674,6 +675,8 @@ API = [
     (lambda: sweep_lib.grid(ModelConfig(), [8], [2], techniques=["leanest"]), "unknown recipe"),
     (lambda: sweep_lib.sweep([]), "specs is empty"),
     (lambda: sweep_lib.sweep([_tiny_spec()], repeats=0), "repeats=0"),
+    (lambda: guarded_grid([], warmup=-1), "warmup=-1"),
+    (lambda: guarded_grid([], repeats=1.5), "repeats=1.5"),
     (lambda: sweep_lib.sweep([_tiny_spec()], timeout=float("nan")), "timeout=nan"),
     (lambda: sweep_lib.sweep([_tiny_spec()], cache_path=TINY_FIXTURE), "not a folder"),
     (lambda: compile_train_step("spec"), "spec must be a StepSpec"),

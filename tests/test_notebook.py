@@ -23,7 +23,31 @@ def test_hardware_report_names_backend_device_versions_and_date():
     assert report["backend"] == "cpu"
     assert "jax " in report["versions"] and "gclab " in report["versions"]
     text = str(report)
-    assert text.count("\n") == len(report) - 1 and "backend" in text
+    assert [line.split("  ")[0].strip() for line in text.splitlines()
+            if not line.startswith(" ")] == list(report)
+
+
+def test_hardware_report_prints_long_values_on_lines_of_their_own(monkeypatch):
+    from gclab.notebook import PAGE_WIDTH
+
+    flags = ["--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false",
+             "--xla_cpu_enable_fast_math=false"]
+    monkeypatch.setenv("XLA_FLAGS", " ".join(flags))
+    lines = str(hardware_report()).splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("XLA flags"))
+    assert [line.split()[-1] for line in lines[start:start + 3]] == flags
+    assert all(len(line) <= PAGE_WIDTH for line in lines[start:])
+    # Continued lines start where the value starts.
+    assert {line.index("--") for line in lines[start:start + 3]} == {lines[0].index("cpu")}
+
+
+def test_hardware_report_names_the_xla_flags_where_set(monkeypatch):
+    monkeypatch.setenv("XLA_FLAGS", " --xla_cpu_use_fusion_emitters=false ")
+    assert hardware_report()["XLA flags"] == "--xla_cpu_use_fusion_emitters=false"
+    monkeypatch.setenv("XLA_FLAGS", "")
+    assert "XLA flags" not in hardware_report()
+    monkeypatch.delenv("XLA_FLAGS")
+    assert "XLA flags" not in hardware_report()
 
 
 def test_scale_defaults_to_cpu_here(monkeypatch):

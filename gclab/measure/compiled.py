@@ -31,8 +31,8 @@ def plan_only_options() -> dict | None:
 
     ``xla_backend_optimization_level`` sets how hard LLVM optimises the generated
     machine code; buffer assignment happens before, on the optimised HLO, so the memory
-    figures and the timeline are the same (tested for `none` and for `lean`, which uses
-    every technique) and the compile takes about half the time. Functions compiled to run
+    figures and the timeline are the same (tested for `lean`, which uses every
+    technique) and the compile takes about half the time. Functions compiled to run
     keep the default.
 
     None where there is nothing to set: off the CPU backend, and where ``XLA_FLAGS``

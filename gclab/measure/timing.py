@@ -11,22 +11,38 @@ import time
 from typing import Callable
 
 
-def median_seconds(fn: Callable[[], object], repeats: int = 3, warmup: int = 1) -> float:
+def median_seconds(fn: Callable[[], object], repeats: int = 3, warmup: int = 1, *,
+                   long_seconds: float | None = None) -> float:
     """Median wall seconds of `fn()` over `repeats` calls, after `warmup` untimed calls.
 
     `fn` must block until its work is done (e.g. end in `jax.block_until_ready`).
 
+    Args:
+      long_seconds: where set, a warm-up call that takes at least this long ends the
+        warm-up and counts as the first timed call. A first call's one-time costs (memory
+        touched for the first time, threads started) are a small part of so long a call, and
+        a step that slow is not run again only to be thrown away.
+
     Raises:
-      ValueError: `repeats` < 1 or `warmup` < 0.
+      ValueError: `repeats` < 1, `warmup` < 0, or `long_seconds` not a number > 0.
     """
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise ValueError(f"repeats={repeats!r} is invalid: an integer >= 1")
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
         raise ValueError(f"warmup={warmup!r} is invalid: an integer >= 0")
-    for _ in range(warmup):
-        fn()
+    if long_seconds is not None and (isinstance(long_seconds, bool)
+                                     or not isinstance(long_seconds, (int, float))
+                                     or not long_seconds > 0):
+        raise ValueError(f"long_seconds={long_seconds!r} is invalid: a number of seconds > 0")
     times = []
-    for _ in range(repeats):
+    for _ in range(warmup):
+        start = time.perf_counter()
+        fn()
+        took = time.perf_counter() - start
+        if long_seconds is not None and took >= long_seconds:
+            times.append(took)
+            break
+    while len(times) < repeats:
         start = time.perf_counter()
         fn()
         times.append(time.perf_counter() - start)

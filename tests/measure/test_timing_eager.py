@@ -12,6 +12,25 @@ def test_median_seconds_warms_up_then_times():
     assert len(calls) == 4 and seconds >= 0.0
 
 
+def test_a_long_warm_up_call_counts_as_the_first_timed_one():
+    import time
+
+    calls = []
+
+    def step(seconds):
+        calls.append(seconds)
+        time.sleep(seconds)
+
+    assert median_seconds(lambda: step(0.05), repeats=1, long_seconds=0.04) >= 0.05
+    assert len(calls) == 1  # the warm-up was the timed call
+    calls.clear()
+    median_seconds(lambda: step(0.05), repeats=3, long_seconds=0.04)
+    assert len(calls) == 3  # the warm-up and two more
+    calls.clear()
+    median_seconds(lambda: step(0.001), repeats=2, long_seconds=10.0)
+    assert len(calls) == 3  # a short warm-up is thrown away
+
+
 def test_op_by_op_bytes_counts_outputs_and_frees_after_last_use():
     def f(x):  # three [256] float32 intermediates; a is dead once b exists
         a = x * 2.0
@@ -24,7 +43,9 @@ def test_op_by_op_bytes_counts_outputs_and_frees_after_last_use():
     assert counts["peak_live_bytes"] == 2 * 256 * 4
 
 
-@pytest.mark.parametrize("kwargs", [{"repeats": 0}, {"repeats": 1.5}, {"warmup": -1}])
+@pytest.mark.parametrize("kwargs", [{"repeats": 0}, {"repeats": 1.5}, {"warmup": -1},
+                                    {"long_seconds": 0}, {"long_seconds": "10"},
+                                    {"long_seconds": float("nan")}])
 def test_median_seconds_refuses_bad_counts(kwargs):
     with pytest.raises(ValueError, match=next(iter(kwargs))):
         median_seconds(lambda: None, **kwargs)

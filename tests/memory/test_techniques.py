@@ -94,7 +94,9 @@ def test_float32_technique_keeps_loss_and_gradients(name, setup, baseline):
     assert max_rel_diff(grads, grads0) <= 1e-5
 
 
-@pytest.mark.parametrize("block", [7, 64, 1000, 100_000])
+# Blocks that leave a short last block (7 edges), and one block larger than every edge set;
+# the techniques above use blocks of 100 to 333 edges.
+@pytest.mark.parametrize("block", [7, 100_000])
 def test_results_do_not_depend_on_edge_block_size(block, setup, baseline):
     mem = MemoryConfig(edge_block_size=block, processor_edge_blocks=True)
     loss, grads = loss_and_grads(mem, setup)
@@ -262,14 +264,10 @@ def test_checkpointed_steps_of_a_ratio():
     assert MemoryConfig().checkpointed_steps(16) == 0
 
 
-@pytest.mark.parametrize("fields,factor", [
-    (dict(checkpoint_encoder=True), 0.9),
-    (dict(checkpoint_decoder=True), 0.9),
-    (dict(checkpoint_encoder=True, checkpoint_decoder=True), 0.75),
-])
-def test_stage_checkpoints_lower_compiled_temp_of_a_rollout(fields, factor):
+def test_stage_checkpoints_lower_compiled_temp_of_a_rollout():
     """In a 3-step rollout each step's encoder and decoder are no longer the first or last
-    thing the backward pass meets, and their checkpoints lower XLA:CPU's compiled temp."""
+    thing the backward pass meets, and their checkpoints lower XLA:CPU's compiled temp.
+    (One test: the baseline is compiled once for the three checkpoints.)"""
     from gclab.config import TaskConfig
     from gclab.sizing import StepSpec, train_step_memory
 
@@ -280,4 +278,8 @@ def test_stage_checkpoints_lower_compiled_temp_of_a_rollout(fields, factor):
     def temp(mem):
         return train_step_memory(StepSpec(cfg, task, mem, rollout=3)).temp_bytes
 
-    assert temp(base.replace(**fields)) <= factor * temp(base)
+    baseline = temp(base)
+    for fields, factor in ((dict(checkpoint_encoder=True), 0.9),
+                           (dict(checkpoint_decoder=True), 0.9),
+                           (dict(checkpoint_encoder=True, checkpoint_decoder=True), 0.75)):
+        assert temp(base.replace(**fields)) <= factor * baseline, fields
