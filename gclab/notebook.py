@@ -759,8 +759,8 @@ def time_table(samples: Mapping[str, Sequence[float]]):
 
 
 #: A timed step at least this long counts its first call (`guarded_grid`): measured on two
-#: cores, the first call of a compiled training step took 0.1 to 0.4 s longer than the next
-#: (0.28 against 0.09 s for 4 x 32 at 4 deg; 7.99 against 7.60 and 8.19 s for 16 x 512).
+#: cores, the first call of a compiled training step took about 0.1 to 0.4 s longer than the
+#: next (0.28 against 0.09 s for 4 x 32 at 4 deg; 7.99 against 7.60 and 8.19 s for 16 x 512).
 LONG_STEP_SECONDS = 10.0
 
 
