@@ -1,8 +1,10 @@
 """Benchmark: where each chapter's time goes, cell by cell (wall time, XLA compiles, tracing).
 
 Runs the chapters one after another, as the book build does: one kernel per chapter
-(nbclient, the same client myst-nb's execution uses), this process's environment, and one
-JAX compilation cache that starts empty and is shared by the chapters. Every kernel also
+(nbclient, the same client myst-nb's execution uses), this process's environment with the
+build's ``XLA_FLAGS`` (`book/run_chapters.py`'s `kernel_xla_flags`: on XLA:CPU, the older
+fusion emitter), and one JAX compilation cache that starts empty and is shared by the
+chapters. Every kernel also
 counts JAX's own monitoring events (`jax.monitoring`): the seconds of backend compiles,
 of tracing and lowering, and the compile seconds that the cache saved. Each code cell is
 followed by a hidden cell that prints those counts and resets them. The chapters on disk
@@ -31,6 +33,7 @@ from fresh_clone import ROOT, commit, hardware, write_record  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "book"))
 from run_chapters import chapters as chapters_of_toc  # noqa: E402
+from run_chapters import has_accelerator_plugin, kernel_xla_flags  # noqa: E402
 
 MARK = "GCLAB-PROFILE "
 # Registered in the kernel after the chapter's first cell (which starts JAX).
@@ -124,6 +127,9 @@ def main(argv: list[str] | None = None) -> int:
              "(e.g. 03,06 or appendix)")
     # An empty cache, shared by the chapters, as on a fresh machine's first build.
     os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="gclab-profile-jax-")
+    flags = kernel_xla_flags(os.environ.get("XLA_FLAGS", ""), has_accelerator_plugin())
+    if flags:  # the kernels start with the flags the book build gives them
+        os.environ["XLA_FLAGS"] = flags
     chapters = []
     for path in paths:
         chapters.append(profile(path, int(args.timeout), int(args.slowest)))
