@@ -32,6 +32,7 @@ and exits with 1; the chapters that ran are kept in the cache.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.metadata
 import importlib.util
 import json
@@ -69,6 +70,24 @@ def kernel_xla_flags(flags: str, accelerator: bool) -> str:
     named = {f.split("=", 1)[0] for f in flags.split()}
     extra = [f for f in CPU_XLA_FLAGS if f.split("=", 1)[0] not in named]
     return " ".join([flags, *extra]).strip()
+
+
+@contextlib.contextmanager
+def kernel_xla_environment():
+    """Within the block, this process's ``XLA_FLAGS`` (which the kernels it starts inherit)
+    are `kernel_xla_flags` of the caller's; afterwards, the caller's again. Yields the
+    kernels' flags (empty where there are none)."""
+    callers = os.environ.get("XLA_FLAGS")
+    flags = kernel_xla_flags(callers or "", has_accelerator_plugin())
+    if flags:
+        os.environ["XLA_FLAGS"] = flags
+    try:
+        yield flags
+    finally:
+        if callers is None:
+            os.environ.pop("XLA_FLAGS", None)
+        else:
+            os.environ["XLA_FLAGS"] = callers
 
 
 def chapters(root: Path) -> list[Path]:
@@ -178,29 +197,23 @@ def main(argv: list[str] | None = None, root: Path = ROOT) -> int:
         return 0
     timeout, allow_errors = execution_options(root)
     size = pool_size(args.jobs, len(pending))
-    callers = os.environ.get("XLA_FLAGS")
-    flags = kernel_xla_flags(callers or "", has_accelerator_plugin())
-    if flags:  # the kernels inherit this process's environment (restored below)
-        os.environ["XLA_FLAGS"] = flags
-    shown = f", XLA_FLAGS={flags!r}" if flags else ""
-    print(f"run_chapters: {len(pending)} chapters, {size} at a time{shown}", flush=True)
-    work = [ProcessData(r.pk, r.uri, cache, timeout, allow_errors) for r in pending]
-    started, failed, cpu_before = time.monotonic(), [], children_cpu_seconds()
-    # Spawned, not forked: a forked copy of a process that has started JAX's threads (a
-    # test, a notebook) can deadlock on a lock one of them held.
-    pool = multiprocessing.get_context("spawn").Pool(size)
-    for code, uri in pool.imap_unordered(ExecutionWorkerLocalMProc(), work, chunksize=1):
-        took = time.monotonic() - started
-        state = "FAILED" if code else "done"
-        print(f"run_chapters: {Path(uri).name} {state} ({took:.0f} s since start)", flush=True)
-        if code:
-            failed.append(uri)
-    pool.close()
-    pool.join()  # the workers end (and wait for their kernels): their memory is counted
-    if callers is None:
-        os.environ.pop("XLA_FLAGS", None)
-    else:
-        os.environ["XLA_FLAGS"] = callers
+    with kernel_xla_environment() as flags:
+        shown = f", XLA_FLAGS={flags!r}" if flags else ""
+        print(f"run_chapters: {len(pending)} chapters, {size} at a time{shown}", flush=True)
+        work = [ProcessData(r.pk, r.uri, cache, timeout, allow_errors) for r in pending]
+        started, failed, cpu_before = time.monotonic(), [], children_cpu_seconds()
+        # Spawned, not forked: a forked copy of a process that has started JAX's threads (a
+        # test, a notebook) can deadlock on a lock one of them held.
+        pool = multiprocessing.get_context("spawn").Pool(size)
+        for code, uri in pool.imap_unordered(ExecutionWorkerLocalMProc(), work, chunksize=1):
+            took = time.monotonic() - started
+            state = "FAILED" if code else "done"
+            print(f"run_chapters: {Path(uri).name} {state} ({took:.0f} s since start)",
+                  flush=True)
+            if code:
+                failed.append(uri)
+        pool.close()
+        pool.join()  # the workers end (and wait for their kernels): their memory is counted
     peak, cpu = children_peak_gib(), children_cpu_seconds()
     # Processor time bounds what running side by side can give: on N cores the chapters
     # take at least cpu / N seconds however they are scheduled.

@@ -63,9 +63,9 @@ class HardwareReport(dict):
         width = max(map(len, self))
         # A long value (several XLA flags) continues on lines of its own, under itself.
         return "\n".join(
-            f"{k:<{width}}  " + f"\n{'':<{width}}  ".join(
-                textwrap.wrap(str(v), PAGE_WIDTH - width - 2, break_long_words=False,
-                              break_on_hyphens=False) or [""])
+            textwrap.fill(str(v), PAGE_WIDTH, initial_indent=f"{k:<{width}}  ",
+                          subsequent_indent=" " * (width + 2), break_long_words=False,
+                          break_on_hyphens=False) or f"{k:<{width}}  "
             for k, v in self.items())
 
 
@@ -765,7 +765,7 @@ LONG_STEP_SECONDS = 10.0
 
 
 def guarded_grid(configs: Sequence[LiveConfig], *, usable: Optional[int] = None,
-                 repeats: int = 1, warmup: int = 1):
+                 repeats: int = 1):
     """Compiles each configuration, and times only those whose plan fits.
 
     Each configuration goes through `run_if_fits`: compiled once for real arrays, but
@@ -777,9 +777,7 @@ def guarded_grid(configs: Sequence[LiveConfig], *, usable: Optional[int] = None,
     Args:
       configs: `LiveConfig`s (``live_configs("06", scale)``), in the order shown.
       usable: usable bytes to check against (default: `usable_here()`).
-      repeats: timed steps per cell that fits, after `warmup` untimed steps.
-      warmup: untimed steps first (each cell's step is compiled before it is called, so
-        its first call compiles nothing, but it may pay one-time costs). A step that takes
+      repeats: timed steps per cell that fits, after one untimed step; a step that takes
         `LONG_STEP_SECONDS` or more is timed from its first call (`median_seconds`'s
         ``long_seconds``).
 
@@ -791,7 +789,7 @@ def guarded_grid(configs: Sequence[LiveConfig], *, usable: Optional[int] = None,
       not fit this card``).
 
     Raises:
-      ValueError: `repeats` not an integer >= 1, or `warmup` not an integer >= 0.
+      ValueError: `repeats` not an integer >= 1.
     """
     import gc
     import math
@@ -804,14 +802,12 @@ def guarded_grid(configs: Sequence[LiveConfig], *, usable: Optional[int] = None,
 
     if not is_int(repeats) or repeats < 1:
         raise ValueError(f"repeats={repeats!r} is invalid: an integer >= 1")
-    if not is_int(warmup) or warmup < 0:
-        raise ValueError(f"warmup={warmup!r} is invalid: an integer >= 0")
     usable = usable_here() if usable is None else int(usable)
     rows = []
     for config in configs:
         guarded = run_if_fits(config.spec, config.label, usable=usable)
-        seconds = (median_seconds(guarded.step.run, repeats, warmup,
-                                  long_seconds=LONG_STEP_SECONDS) if guarded.ran else math.nan)
+        seconds = (median_seconds(guarded.step.run, repeats, long_seconds=LONG_STEP_SECONDS)
+                   if guarded.ran else math.nan)
         model = config.spec.model
         rows.append({"label": config.label, "processor_steps": model.processor_steps,
                      "latent_size": model.latent_size,

@@ -675,7 +675,6 @@ API = [
     (lambda: sweep_lib.grid(ModelConfig(), [8], [2], techniques=["leanest"]), "unknown recipe"),
     (lambda: sweep_lib.sweep([]), "specs is empty"),
     (lambda: sweep_lib.sweep([_tiny_spec()], repeats=0), "repeats=0"),
-    (lambda: guarded_grid([], warmup=-1), "warmup=-1"),
     (lambda: guarded_grid([], repeats=1.5), "repeats=1.5"),
     (lambda: sweep_lib.sweep([_tiny_spec()], timeout=float("nan")), "timeout=nan"),
     (lambda: sweep_lib.sweep([_tiny_spec()], cache_path=TINY_FIXTURE), "not a folder"),
