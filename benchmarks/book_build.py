@@ -47,13 +47,6 @@ def _chapters_at_once(log: Path) -> int:
     return int(found.group(1))
 
 
-def _chapter_xla_flags(log: Path) -> str:
-    """The ``XLA_FLAGS`` the chapters' kernels started with (`book/run_chapters.py`'s first
-    line; empty where it set none)."""
-    found = re.search(r"at a time, XLA_FLAGS='([^']*)'", log.read_text())
-    return found.group(1) if found else ""
-
-
 def _chapter_cpu_seconds(log: Path) -> float | None:
     """Processor time of the chapters' kernels (`book/run_chapters.py`'s last line), if the
     system reported it."""
@@ -88,7 +81,6 @@ def main(argv: list[str] | None = None) -> int:
         # Each chapter's time while it shared the machine with the others running beside it.
         "chapter_execution_seconds": _chapter_seconds(build),
         "chapters_at_once": _chapters_at_once(run_log),
-        "chapter_xla_flags": _chapter_xla_flags(run_log),
         # User + system time of all the chapters' kernels: divided by the cores, the least
         # time any schedule of them can take on this machine.
         "chapter_cpu_seconds": _chapter_cpu_seconds(run_log),

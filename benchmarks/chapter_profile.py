@@ -1,14 +1,12 @@
 """Benchmark: where each chapter's time goes, cell by cell (wall time, XLA compiles, tracing).
 
 Runs the chapters one after another, as the book build does: one kernel per chapter
-(nbclient, the same client myst-nb's execution uses), this process's environment with the
-build's ``XLA_FLAGS`` (`book/run_chapters.py`'s `kernel_xla_environment`: on XLA:CPU, the
-older fusion emitter), and one JAX compilation cache that starts empty and is shared by the
-chapters. Every kernel also counts JAX's own monitoring events (`jax.monitoring`): the
-seconds of backend compiles, of tracing and lowering, and the compile seconds that the
-cache saved. Each code cell is
-followed by a hidden cell that prints those counts and resets them. The chapters on disk
-are not changed.
+(nbclient, the same client myst-nb's execution uses), this process's environment (its
+``XLA_FLAGS`` are recorded), and one JAX compilation cache that starts empty and is shared
+by the chapters. Every kernel also counts JAX's own monitoring events (`jax.monitoring`):
+the seconds of backend compiles, of tracing and lowering, and the compile seconds that the
+cache saved. Each code cell is followed by a hidden cell that prints those counts and
+resets them. The chapters on disk are not changed.
 
 Writes ``benchmarks/results/chapter-profile-<backend>.json``: per chapter, its wall time
 and the three sums, and its slowest cells with their share of compiles.
@@ -33,7 +31,6 @@ from fresh_clone import ROOT, commit, hardware, write_record  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "book"))
 from run_chapters import chapters as chapters_of_toc  # noqa: E402
-from run_chapters import kernel_xla_environment  # noqa: E402
 
 MARK = "GCLAB-PROFILE "
 # Registered in the kernel after the chapter's first cell (which starts JAX).
@@ -128,16 +125,15 @@ def main(argv: list[str] | None = None) -> int:
     # An empty cache, shared by the chapters, as on a fresh machine's first build.
     os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="gclab-profile-jax-")
     chapters = []
-    with kernel_xla_environment() as flags:  # the kernels get the book build's flags
-        for path in paths:
-            chapters.append(profile(path, int(args.timeout), int(args.slowest)))
-            print(f"{path.stem}: {chapters[-1]['seconds']} s, compiles "
-                  f"{chapters[-1]['compile_seconds']} s", flush=True)
+    for path in paths:
+        chapters.append(profile(path, int(args.timeout), int(args.slowest)))
+        print(f"{path.stem}: {chapters[-1]['seconds']} s, compiles "
+              f"{chapters[-1]['compile_seconds']} s", flush=True)
     hw = hardware()
     record = {"benchmark": "chapters executed one after another, JAX events counted per cell",
               "commit": commit(), "hardware": hw, "date": hw.get("date"),
               "cache": "JAX compilation cache empty at the start, shared by the chapters",
-              "xla_flags": flags,
+              "xla_flags": os.environ.get("XLA_FLAGS", ""),
               "seconds": round(sum(c["seconds"] for c in chapters), 1),
               **{key: round(sum(c[key] for c in chapters), 1) for key in EVENTS},
               "chapters": chapters}

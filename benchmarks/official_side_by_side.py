@@ -33,8 +33,9 @@ What it measures (batch 1, one target step, 13 levels at 4 and 1 deg, 37 at 0.25
      (the same loss without the optimizer update), gradient with respect to the
      parameters.
 
-   Both compile with the same XLA options (``gclab.sizing.plan_only_options``: on CPU,
-   LLVM optimisation off; buffer assignment, hence every figure here, is unchanged).
+   Both compile with the same XLA options (``gclab.sizing.plan_only_options`` with
+   ``same_hlo``: on CPU, LLVM optimisation off; buffer assignment, hence every figure
+   here, is unchanged).
    The official code holds the graphs as constants of the program; gclab takes them as
    arguments, so gclab's argument bytes include the graph arrays.
 
@@ -258,7 +259,8 @@ def child_memory(official: str, side: str, name: str, precision: str) -> dict:
         fn, args, num_params = official_loss_grad(official, name, precision)
     else:
         fn, args, num_params, _ = gclab_loss_grad(name, precision)
-    compiled, seconds = compile_timed(fn, args, {}, compiler_options=plan_only_options())
+    compiled, seconds = compile_timed(fn, args, {},
+                                      compiler_options=plan_only_options(same_hlo=True))
     m = memory_of_compiled(compiled, seconds)
     return {"temp_bytes": m.temp_bytes, "argument_bytes": m.argument_bytes,
             "output_bytes": m.output_bytes, "alias_bytes": m.alias_bytes,

@@ -118,8 +118,6 @@ def book_block() -> str:
     at_once = record.get("chapters_at_once", 1)
     side = (f"; chapter execution times, {at_once} chapters at a time (each sharing the "
             f"machine): " if at_once > 1 else "; chapter execution times: ")
-    if record.get("chapter_xla_flags"):
-        side = f"; the chapters compiled with `XLA_FLAGS={record['chapter_xla_flags']}`" + side
     cpu = record.get("chapter_cpu_seconds")
     cores = hw["cpu cores"]
     floor = (f" The chapters' kernels used {cpu / 60:.1f} minutes of processor time, so on "

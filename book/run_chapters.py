@@ -15,13 +15,6 @@ the pool, which that executor does not let one choose (it starts one process per
 - otherwise (XLA:CPU) as many at once as the machine has cores, no more than its memory
   holds (``GIB_PER_CHAPTER`` each), and at most ``--jobs``.
 
-On XLA:CPU the kernels also compile with XLA:CPU's older elemental fusion emitter
-(``CPU_XLA_FLAGS``, added to the caller's ``XLA_FLAGS`` unless those set it already): most
-of an XLA:CPU compile goes to the MLIR fusion emitters' per-fusion pass pipeline, and the
-book compiles far more than it runs. Steps run as fast under either emitter; their memory
-plans differ by under 1% (``tests/measure/test_measure.py`` bounds it), and every chapter's
-hardware table prints the flags its figures were compiled with.
-
 The longest chapters start first (the times of the last recorded book build,
 ``benchmarks/results/book-build-cpu.json``), so that no core is left alone on a long
 chapter started last. A chapter the cache already holds (unchanged since it last ran) is
@@ -32,7 +25,6 @@ and exits with 1; the chapters that ran are kept in the cache.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import importlib.metadata
 import importlib.util
 import json
@@ -55,39 +47,6 @@ RECORDED = Path("benchmarks", "results", "book-build-cpu.json")
 # Largest resident memory of one chapter's kernel on XLA:CPU, rounded up: 4.7 GiB, measured
 # with this script on 2 cores (`max chapter memory` in its last line).
 GIB_PER_CHAPTER = 5
-
-
-# XLA flags of the kernels on XLA:CPU (see the module's docstring). A flag XLA does not
-# know stops it, so these are flags of every jaxlib that `requirements.txt` allows.
-CPU_XLA_FLAGS = ("--xla_cpu_use_fusion_emitters=false",)
-
-
-def kernel_xla_flags(flags: str, accelerator: bool) -> str:
-    """The chapters' ``XLA_FLAGS``: the caller's `flags`, plus `CPU_XLA_FLAGS` on XLA:CPU
-    (no `accelerator`) for each flag the caller did not set to a value of its own."""
-    if accelerator:
-        return flags
-    named = {f.split("=", 1)[0] for f in flags.split()}
-    extra = [f for f in CPU_XLA_FLAGS if f.split("=", 1)[0] not in named]
-    return " ".join([flags, *extra]).strip()
-
-
-@contextlib.contextmanager
-def kernel_xla_environment():
-    """Within the block, this process's ``XLA_FLAGS`` (which the kernels it starts inherit)
-    are `kernel_xla_flags` of the caller's; afterwards, the caller's again. Yields the
-    kernels' flags (empty where there are none)."""
-    callers = os.environ.get("XLA_FLAGS")
-    flags = kernel_xla_flags(callers or "", has_accelerator_plugin())
-    if flags:
-        os.environ["XLA_FLAGS"] = flags
-    try:
-        yield flags
-    finally:
-        if callers is None:
-            os.environ.pop("XLA_FLAGS", None)
-        else:
-            os.environ["XLA_FLAGS"] = callers
 
 
 def chapters(root: Path) -> list[Path]:
@@ -197,23 +156,20 @@ def main(argv: list[str] | None = None, root: Path = ROOT) -> int:
         return 0
     timeout, allow_errors = execution_options(root)
     size = pool_size(args.jobs, len(pending))
-    with kernel_xla_environment() as flags:
-        shown = f", XLA_FLAGS={flags!r}" if flags else ""
-        print(f"run_chapters: {len(pending)} chapters, {size} at a time{shown}", flush=True)
-        work = [ProcessData(r.pk, r.uri, cache, timeout, allow_errors) for r in pending]
-        started, failed, cpu_before = time.monotonic(), [], children_cpu_seconds()
-        # Spawned, not forked: a forked copy of a process that has started JAX's threads (a
-        # test, a notebook) can deadlock on a lock one of them held.
-        pool = multiprocessing.get_context("spawn").Pool(size)
-        for code, uri in pool.imap_unordered(ExecutionWorkerLocalMProc(), work, chunksize=1):
-            took = time.monotonic() - started
-            state = "FAILED" if code else "done"
-            print(f"run_chapters: {Path(uri).name} {state} ({took:.0f} s since start)",
-                  flush=True)
-            if code:
-                failed.append(uri)
-        pool.close()
-        pool.join()  # the workers end (and wait for their kernels): their memory is counted
+    print(f"run_chapters: {len(pending)} chapters, {size} at a time", flush=True)
+    work = [ProcessData(r.pk, r.uri, cache, timeout, allow_errors) for r in pending]
+    started, failed, cpu_before = time.monotonic(), [], children_cpu_seconds()
+    # Spawned, not forked: a forked copy of a process that has started JAX's threads (a
+    # test, a notebook) can deadlock on a lock one of them held.
+    pool = multiprocessing.get_context("spawn").Pool(size)
+    for code, uri in pool.imap_unordered(ExecutionWorkerLocalMProc(), work, chunksize=1):
+        took = time.monotonic() - started
+        state = "FAILED" if code else "done"
+        print(f"run_chapters: {Path(uri).name} {state} ({took:.0f} s since start)", flush=True)
+        if code:
+            failed.append(uri)
+    pool.close()
+    pool.join()  # the workers end (and wait for their kernels): their memory is counted
     peak, cpu = children_peak_gib(), children_cpu_seconds()
     # Processor time bounds what running side by side can give: on N cores the chapters
     # take at least cpu / N seconds however they are scheduled.

@@ -24,15 +24,16 @@ these, 164 s after the device-class test of chapter 3 had filled the cache; the 
 a fresh clone, same machine and day: pytest 1877 -> 1762 s.
 
 Every test process also compiles its fusions with XLA:CPU's older elemental emitter
-(`--xla_cpu_use_fusion_emitters=false`) instead of the MLIR fusion emitters, whose
-per-fusion pass pipeline is most of an XLA:CPU compile at level 0. The two emitters form
-some fusions differently (reductions, in-place updates), so the optimised HLO differs a
-little and so does buffer assignment: measured on two cores, one training step at 4 deg /
-3 splits, 8 x 128, compiled from shapes, compile 5.2 -> 3.0 s (`none`), 8.8 -> 4.9 s
-(`lean`), compiled temp +768 bytes of 474 MiB (`none`), -0.7% (`lean`). What the tests check
+(`--xla_cpu_use_fusion_emitters=false`) instead of the MLIR fusion emitters, as
+`plan_only_options` has a compile that is only read do (`PLAN_ONLY_CPU_OPTIONS`): the
+tests' flags are those options, for every compile. The two emitters form some fusions
+differently (reductions, in-place updates), so the optimised HLO differs a little and so
+does buffer assignment: measured on two cores, one training step at 4 deg / 3 splits,
+8 x 128, compiled from shapes, compile 5.2 -> 3.0 s (`none`), 8.8 -> 4.9 s (`lean`),
+compiled temp +768 bytes of 474 MiB (`none`), -0.7% (`lean`). What the tests check
 (techniques lower temp by stated factors, layouts keep the gradients) holds under either;
 `test_plan_only_compile_keeps_the_memory_plan` compiles with the default emitters, the
-reader's compiler, and bounds the difference.
+reader's compiler for a step that runs, and bounds the difference.
 
 The longest items run first (`pytest_collection_modifyitems`), so that the two xdist workers
 do not end with one of them alone on a chapter started last.

@@ -87,34 +87,6 @@ def test_a_notebook_no_longer_in_the_table_of_contents_is_not_run(small_book, ca
     assert "2 chapters" in out and "dropped.ipynb" not in out
 
 
-def test_kernels_on_the_cpu_compile_with_the_elemental_emitter(small_book, capsys,
-                                                                 monkeypatch):
-    """The chapters' kernels get `CPU_XLA_FLAGS` on XLA:CPU, after the caller's own flags;
-    this process's environment is left as it was."""
-    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_enable_fast_math=false")
-    monkeypatch.setattr(run_chapters, "has_accelerator_plugin", lambda: False)
-    _notebook(small_book / "book" / "bad.ipynb",
-              "import os\nprint(os.environ['XLA_FLAGS'])")
-    assert run_chapters.main(["--jobs", "1"], root=small_book) == 0
-    expected = "--xla_cpu_enable_fast_math=false --xla_cpu_use_fusion_emitters=false"
-    assert f"XLA_FLAGS={expected!r}" in capsys.readouterr().out
-    cache = get_cache(small_book / "_build" / ".jupyter_cache")
-    nb = nbformat.read(small_book / "book" / "bad.ipynb", nbformat.NO_CONVERT)
-    _, merged = cache.merge_match_into_notebook(nb)
-    assert merged.cells[0].outputs[0]["text"] == expected + "\n"
-    assert run_chapters.os.environ["XLA_FLAGS"] == "--xla_cpu_enable_fast_math=false"
-
-
-def test_kernel_xla_flags_keep_the_callers_choice():
-    flag = "--xla_cpu_use_fusion_emitters=false"
-    assert run_chapters.kernel_xla_flags("", accelerator=False) == flag
-    assert run_chapters.kernel_xla_flags("", accelerator=True) == ""
-    assert run_chapters.kernel_xla_flags("--a=1", accelerator=False) == f"--a=1 {flag}"
-    assert run_chapters.kernel_xla_flags("--a=1", accelerator=True) == "--a=1"
-    own = "--xla_cpu_use_fusion_emitters=true"
-    assert run_chapters.kernel_xla_flags(own, accelerator=False) == own
-
-
 def test_longest_recorded_chapter_starts_first(small_book, capsys):
     assert [p.name for p in run_chapters.chapters(small_book)] == ["good.ipynb", "bad.ipynb"]
     _notebook(small_book / "book" / "bad.ipynb", "print('fixed')")

@@ -26,30 +26,59 @@ __all__ = ["CompiledMemory", "compile_fn", "compile_timed", "compiled_memory", "
            "memory_of_compiled", "plan_only_options"]
 
 
-def plan_only_options() -> dict | None:
-    """XLA options for a compile that is read, never run: on CPU, LLVM optimisation off.
+#: XLA:CPU options of a compile that is read, never run (`plan_only_options`).
+#: ``xla_backend_optimization_level`` 0 turns LLVM's optimisation of the generated machine
+#: code off; ``xla_cpu_use_fusion_emitters`` off generates fusions with XLA:CPU's older
+#: elemental emitter instead of the MLIR fusion emitters, whose per-fusion pass pipeline is
+#: most of a compile at level 0. Measured on two cores, one training step at 4 deg / 3
+#: splits, 8 x 128, compiled from shapes at level 0: 5.2 -> 3.0 s (`none`), 8.8 -> 4.9 s
+#: (`lean`). A compile that runs keeps both defaults: at LLVM's default level the older
+#: emitter compiles slower (chapter 5's training runs, 45 s against 15 s,
+#: `benchmarks/results/chapter-profile-cpu*.json`).
+PLAN_ONLY_CPU_OPTIONS = {"xla_backend_optimization_level": 0,
+                         "xla_cpu_use_fusion_emitters": False}
 
-    ``xla_backend_optimization_level`` sets how hard LLVM optimises the generated
-    machine code; buffer assignment happens before, on the optimised HLO, so the memory
-    figures and the timeline are the same (tested for `lean`, which uses every
-    technique) and the compile takes about half the time. Functions compiled to run
-    keep the default.
 
-    None where there is nothing to set: off the CPU backend, and where ``XLA_FLAGS``
-    already turn LLVM's optimisation off for every compile (as the tests do). There a
-    plan-only compile is the very compile of a step compiled to run, and JAX's persistent
-    compilation cache, whose key holds these options, keeps one entry for both.
+def plan_only_options(same_hlo: bool = False) -> dict | None:
+    """XLA options for a compile that is read, never run: on CPU, the cheapest compile.
+
+    Buffer assignment happens on the optimised HLO, before LLVM: LLVM's level changes no
+    memory figure and no timeline (tested for `lean`, which uses every technique). The
+    older fusion emitter forms a few fusions differently (reductions, in-place updates),
+    so its compiled temp differs from the default emitters' by under 1% (tested). Together
+    they make a compile about twice as fast (`PLAN_ONLY_CPU_OPTIONS`). Functions compiled
+    to run keep the defaults.
+
+    Args:
+      same_hlo: only LLVM's level, so that the optimised HLO is the one a compile that
+        runs gets: for programs whose fusions or FLOPs are read, and for figures compared
+        with plans recorded so.
+
+    Returns:
+      Only the options ``XLA_FLAGS`` do not already set to the same value; None where that
+      leaves nothing: off the CPU backend, and where ``XLA_FLAGS`` set them for every
+      compile (as the tests do). There a plan-only compile is the very compile of a step
+      compiled to run, and JAX's persistent compilation cache, whose key holds these
+      options, keeps one entry for both.
     """
-    if jax.default_backend() != "cpu" or _flags_skip_llvm_optimisation():
+    if jax.default_backend() != "cpu":
         return None
-    return {"xla_backend_optimization_level": 0}
+    wanted = ({"xla_backend_optimization_level": PLAN_ONLY_CPU_OPTIONS[
+        "xla_backend_optimization_level"]} if same_hlo else PLAN_ONLY_CPU_OPTIONS)
+    options = {name: value for name, value in wanted.items() if not _flags_set(name, value)}
+    return options or None
 
 
-def _flags_skip_llvm_optimisation() -> bool:
-    """Whether ``XLA_FLAGS`` set ``--xla_backend_optimization_level=0`` (the last setting
-    of a flag given twice is the one XLA keeps)."""
-    levels = re.findall(r"--xla_backend_optimization_level=(\S+)", os.environ.get("XLA_FLAGS", ""))
-    return bool(levels) and levels[-1] == "0"
+def _flags_set(name: str, value: bool | int) -> bool:
+    """Whether ``XLA_FLAGS`` set the flag `name` to `value` (the last setting of a flag
+    given twice is the one XLA keeps; a boolean reads true/false or 1/0)."""
+    values = re.findall(rf"--{name}=(\S+)", os.environ.get("XLA_FLAGS", ""))
+    if not values:
+        return False
+    last = values[-1].lower()
+    if isinstance(value, bool):
+        return last in (("true", "1") if value else ("false", "0"))
+    return last == str(value)
 
 
 # --------------------------------------------------------------------------- planned

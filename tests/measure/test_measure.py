@@ -521,14 +521,15 @@ def test_one_compile_gives_memory_timeline_and_a_runnable_step(caplog):
 # test run on two cores); the plainest step (`none`, 28 s) adds no kind of program to it.
 @pytest.mark.parametrize("recipe", ["lean"])
 def test_plan_only_compile_keeps_the_memory_plan(recipe):
-    """Compiles that are only read skip LLVM's optimisation (faster); XLA's buffer
-    assignment comes before it, so every memory figure is unchanged. Both levels are set
-    per compile, with XLA:CPU's default fusion emitters, as a reader's compile has them: the
-    tests' own `XLA_FLAGS` skip LLVM's optimisation and use the older emitter. That emitter
-    changes the compiled temp by less than 1% (tests/conftest.py)."""
+    """Compiles that are only read skip LLVM's optimisation; XLA's buffer assignment comes
+    before it, so every memory figure is unchanged (both levels set per compile, with
+    XLA:CPU's default fusion emitters, as a reader's compile has them). They also use the
+    older fusion emitter (`PLAN_ONLY_CPU_OPTIONS`, which the tests' `XLA_FLAGS` set for
+    every compile), which changes the compiled temp by less than 1%."""
     import dataclasses
 
     from gclab.config import PRESETS
+    from gclab.measure.compiled import PLAN_ONLY_CPU_OPTIONS
     from gclab.memory import get_recipe
     from gclab.sizing import StepSpec, train_step_abstract
 
@@ -543,8 +544,8 @@ def test_plan_only_compile_keeps_the_memory_plan(recipe):
     default = compile_fn(step, *args,
                          compiler_options={**reader, "xla_backend_optimization_level": 3})
     plan = compile_fn(step, *args, compiler_options={**reader, "xla_backend_optimization_level": 0})
-    tests = compile_fn(step, *args)  # the tests' flags
-    assert (abs(tests.memory_analysis().temp_size_in_bytes
+    plan_only = compile_fn(step, *args, compiler_options=PLAN_ONLY_CPU_OPTIONS)
+    assert (abs(plan_only.memory_analysis().temp_size_in_bytes
                 - plan.memory_analysis().temp_size_in_bytes)
             <= 0.01 * plan.memory_analysis().temp_size_in_bytes)
     for field in ("temp_size_in_bytes", "argument_size_in_bytes", "output_size_in_bytes",
@@ -559,20 +560,26 @@ def test_plan_only_compile_keeps_the_memory_plan(recipe):
 
 
 def test_plan_only_options_set_what_xla_flags_do_not(monkeypatch):
-    """On CPU, `plan_only_options` turns LLVM's optimisation off unless `XLA_FLAGS` already
-    do (the last setting of the flag counts); then it sets nothing."""
+    """On CPU, `plan_only_options` turns LLVM's optimisation and the MLIR fusion emitters
+    off, each unless `XLA_FLAGS` already do (the last setting of a flag counts); where
+    they do both, it sets nothing. With `same_hlo`, it sets LLVM's level only."""
     from gclab.measure import plan_only_options
 
-    plan = {"xla_backend_optimization_level": 0}
-    for flags, options in (("", plan), ("--xla_cpu_enable_fast_math=false", plan),
-                           ("--xla_backend_optimization_level=0", None),
-                           ("--xla_backend_optimization_level=2", plan),
-                           ("--xla_backend_optimization_level=0 --xla_backend_optimization_level=2",
-                            plan),
-                           ("--xla_backend_optimization_level=2 --xla_backend_optimization_level=0",
-                            None)):
+    level, emitters = "--xla_backend_optimization_level", "--xla_cpu_use_fusion_emitters"
+    both = {"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False}
+    only_emitters = {"xla_cpu_use_fusion_emitters": False}
+    only_level = {"xla_backend_optimization_level": 0}
+    for flags, options in (("", both), ("--xla_cpu_enable_fast_math=false", both),
+                           (f"{level}=0", only_emitters), (f"{level}=2", both),
+                           (f"{level}=0 {level}=2", both), (f"{level}=2 {level}=0", only_emitters),
+                           (f"{emitters}=false", only_level), (f"{emitters}=0", only_level),
+                           (f"{emitters}=true", both), (f"{emitters}=false {emitters}=True", both),
+                           (f"{level}=0 {emitters}=False", None)):
         monkeypatch.setenv("XLA_FLAGS", flags)
         assert plan_only_options() == options, flags
+        assert plan_only_options(same_hlo=True) == (
+            None if options is None or "xla_backend_optimization_level" not in options
+            else only_level), flags
 
 
 def test_a_step_compiled_to_read_and_one_compiled_to_run_share_one_cache_entry():
