@@ -8,7 +8,8 @@ example from `benchmarks/results/plan-graphcast-small-T4.txt` (the output of
 `benchmarks/results/book-build-cpu.json` (written by `book_build.py`), the CI run from
 `benchmarks/results/ci-run-cpu.json` (`ci_run.py`), the per-device
 table from `benchmarks/results/parallel-memory-cpu-*.json` (written by `parallel_memory.py`),
-the cluster plans from `benchmarks/results/cluster-plans-cpu.json` (`cluster_plans.py`).
+the cluster plans from `benchmarks/results/cluster-plans-cpu.json` (`cluster_plans.py`),
+the chapters' profiles from `benchmarks/results/chapter-profile-cpu*.json` (`chapter_profile.py`).
 `tests/test_readme.py` checks that the README matches them.
 
     python benchmarks/update_readme.py
@@ -146,6 +147,36 @@ def ci_block() -> str:
             f"{chapters}.")
 
 
+#: The chapter profiles the README compares (`chapter_profile.py`), each with the compiler
+#: settings it was made under: the first is the book's own; the others were run with the
+#: ``XLA_FLAGS`` they record (at an earlier commit, for the emitter everywhere).
+PROFILES = {
+    "chapter-profile-cpu.json": "the book's: plans with the older emitter, runs with defaults",
+    "chapter-profile-cpu-elemental-emitter.json": "older emitter for every compile",
+    "chapter-profile-cpu-default-emitters.json": "default emitters for every compile",
+    "chapter-profile-cpu-test-flags.json": "the tests' flags (CI), every compile",
+}
+
+
+def profile_block() -> str:
+    records = {name: json.loads((RESULTS / name).read_text()) for name in PROFILES
+               if (RESULTS / name).is_file()}
+    lines = ["| compiles | commit, date | " + " | ".join(
+        c["chapter"].split("_")[0] for c in records["chapter-profile-cpu.json"]["chapters"])
+        + " | all |", "|---|---|" + "---:|" * (len(
+            records["chapter-profile-cpu.json"]["chapters"]) + 1)]
+    for name, record in records.items():
+        flags = f" (`XLA_FLAGS={record['xla_flags']}`)" if record.get("xla_flags") else ""
+        cells = [f"{c['seconds']:.0f} ({c['compile_seconds']:.0f})" for c in record["chapters"]]
+        lines.append(f"| {PROFILES[name]}{flags} | {record['commit']}, {record['date']} | "
+                     + " | ".join(cells)
+                     + f" | **{record['seconds']:.0f}** ({record['compile_seconds']:.0f}) |")
+    hw = records["chapter-profile-cpu.json"]["hardware"]
+    return "\n".join([f"Seconds per chapter, XLA compiles in brackets, one chapter after another "
+                      f"from an empty compilation cache ({hw['cpu cores']}-core {hw['backend']}, "
+                      f"{hw['versions'].split(',')[0]}):", "", *lines])
+
+
 def parallel_block() -> str:
     records = [json.loads((RESULTS / f"parallel-memory-cpu-{name}.json").read_text())
                for name in ("1deg", "025deg")]
@@ -217,7 +248,8 @@ def cluster_block() -> str:
 
 BLOCKS = {"memory-table": memory_block, "memory-gpu": memory_gpu_block,
           "plan-example": plan_block, "book-build": book_block,
-          "ci-run": ci_block, "parallel-table": parallel_block, "cluster-plans": cluster_block}
+          "ci-run": ci_block, "parallel-table": parallel_block, "cluster-plans": cluster_block,
+          "chapter-profiles": profile_block}
 
 
 def render(readme: str) -> str:
