@@ -22,8 +22,8 @@ import jax
 
 from gclab.limits import format_bytes
 
-__all__ = ["CompiledMemory", "compile_fn", "compile_timed", "compiled_memory", "format_bytes",
-           "memory_of_compiled", "plan_only_options"]
+__all__ = ["PLAN_ONLY_CPU_OPTIONS", "CompiledMemory", "compile_fn", "compile_timed",
+           "compiled_memory", "format_bytes", "memory_of_compiled", "plan_only_options"]
 
 
 #: XLA:CPU options of a compile that is read, never run (`plan_only_options`).

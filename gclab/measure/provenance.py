@@ -15,6 +15,7 @@ from typing import Any
 import jax
 
 import gclab
+from gclab.measure.compiled import plan_only_options
 
 
 def machine(**extra: Any) -> dict[str, Any]:
@@ -25,11 +26,16 @@ def machine(**extra: Any) -> dict[str, Any]:
 
     Returns:
       backend, device kind, platform, processor, CPU count, the 1-minute load average (a
-      busy machine inflates wall times), Python, jax and gclab versions, and the date.
+      busy machine inflates wall times), Python, jax and gclab versions, the compiler
+      settings (``XLA_FLAGS``, and the options of a compile only read,
+      `plan_only_options`, whose memory plan may differ from a compile that runs by under
+      1% on XLA:CPU), and the date.
     """
     return {"backend": jax.default_backend(), "device": jax.devices()[0].device_kind,
             **extra, "platform": platform.platform(), "processor": platform.processor(),
             "cpu_count": os.cpu_count(), "python": sys.version.split()[0],
             "jax": jax.__version__, "gclab": gclab.__version__,
             "load_average_1min": round(os.getloadavg()[0], 2),
+            "xla_flags": os.environ.get("XLA_FLAGS", ""),
+            "plan_only_options": plan_only_options(),
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}

@@ -1,11 +1,12 @@
 """A recording names the machine, the versions and the date it was made on."""
 
 import datetime
+import os
 
 import jax
 
 import gclab
-from gclab.measure import machine
+from gclab.measure import machine, plan_only_options
 
 
 def test_machine_names_hardware_versions_and_date():
@@ -17,4 +18,6 @@ def test_machine_names_hardware_versions_and_date():
     assert record["jax"] == jax.__version__ and record["gclab"] == gclab.__version__
     assert record["simulated_devices"] == jax.device_count()
     assert record["cpu_count"] >= 1 and record["load_average_1min"] >= 0
+    assert record["plan_only_options"] == plan_only_options()
+    assert record["xla_flags"] == os.environ.get("XLA_FLAGS", "")
     assert before <= datetime.datetime.fromisoformat(record["date"]) <= after
