@@ -15,6 +15,7 @@ import dataclasses
 import os
 import re
 import time
+import types
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -35,8 +36,8 @@ __all__ = ["PLAN_ONLY_CPU_OPTIONS", "CompiledMemory", "compile_fn", "compile_tim
 #: (`lean`). A compile that runs keeps both defaults: at LLVM's default level the older
 #: emitter compiles slower (chapter 5's training runs, 45 s against 15 s,
 #: `benchmarks/results/chapter-profile-cpu*.json`).
-PLAN_ONLY_CPU_OPTIONS = {"xla_backend_optimization_level": 0,
-                         "xla_cpu_use_fusion_emitters": False}
+PLAN_ONLY_CPU_OPTIONS = types.MappingProxyType({"xla_backend_optimization_level": 0,
+                                                "xla_cpu_use_fusion_emitters": False})
 
 
 def plan_only_options(same_hlo: bool = False) -> dict | None:
