@@ -161,17 +161,17 @@ PROFILES = {
 def profile_block() -> str:
     records = {name: json.loads((RESULTS / name).read_text()) for name in PROFILES
                if (RESULTS / name).is_file()}
-    lines = ["| compiles | commit, date | " + " | ".join(
-        c["chapter"].split("_")[0] for c in records["chapter-profile-cpu.json"]["chapters"])
-        + " | all |", "|---|---|" + "---:|" * (len(
-            records["chapter-profile-cpu.json"]["chapters"]) + 1)]
+    book = records["chapter-profile-cpu.json"]  # its chapters head the columns
+    chapters = [c["chapter"].split("_")[0] for c in book["chapters"]]
+    lines = ["| compiles | commit, date | " + " | ".join(chapters) + " | all |",
+             "|---|---|" + "---:|" * (len(chapters) + 1)]
     for name, record in records.items():
         flags = f" (`XLA_FLAGS={record['xla_flags']}`)" if record.get("xla_flags") else ""
         cells = [f"{c['seconds']:.0f} ({c['compile_seconds']:.0f})" for c in record["chapters"]]
         lines.append(f"| {PROFILES[name]}{flags} | {record['commit']}, {record['date']} | "
                      + " | ".join(cells)
                      + f" | **{record['seconds']:.0f}** ({record['compile_seconds']:.0f}) |")
-    hw = records["chapter-profile-cpu.json"]["hardware"]
+    hw = book["hardware"]
     return "\n".join([f"Seconds per chapter, XLA compiles in brackets, one chapter after another "
                       f"from an empty compilation cache ({hw['cpu cores']}-core {hw['backend']}, "
                       f"{hw['versions'].split(',')[0]}):", "", *lines])

@@ -17,6 +17,7 @@
 
 from gclab.measure.collectives import COLLECTIVES, collective_bytes
 from gclab.measure.compiled import (
+    DEFAULT_CPU_OPTIONS,
     PLAN_ONLY_CPU_OPTIONS,
     CompiledMemory,
     compile_fn,
@@ -53,7 +54,7 @@ from gclab.measure.timing import median_seconds
 
 __all__ = [
     "ARGUMENTS_GROUP", "BACKWARD_PREFIX", "COLLECTIVES", "NOT_A_GRAPH_SET", "CompiledMemory",
-    "PLAN_ONLY_CPU_OPTIONS",
+    "DEFAULT_CPU_OPTIONS", "PLAN_ONLY_CPU_OPTIONS",
     "HostMemory", "LiveValue", "PeakResult", "Timeline", "bytes_by_graph_set", "collective_bytes",
     "compile_fn",
     "compile_timed", "compile_with_timeline", "compiled_memory", "flops", "format_bytes",

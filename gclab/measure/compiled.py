@@ -23,8 +23,9 @@ import jax
 
 from gclab.limits import format_bytes
 
-__all__ = ["PLAN_ONLY_CPU_OPTIONS", "CompiledMemory", "compile_fn", "compile_timed",
-           "compiled_memory", "format_bytes", "memory_of_compiled", "plan_only_options"]
+__all__ = ["DEFAULT_CPU_OPTIONS", "PLAN_ONLY_CPU_OPTIONS", "CompiledMemory", "compile_fn",
+           "compile_timed", "compiled_memory", "format_bytes", "memory_of_compiled",
+           "plan_only_options"]
 
 
 #: XLA:CPU options of a compile that is read, never run (`plan_only_options`).
@@ -38,6 +39,13 @@ __all__ = ["PLAN_ONLY_CPU_OPTIONS", "CompiledMemory", "compile_fn", "compile_tim
 #: `benchmarks/results/chapter-profile-cpu*.json`).
 PLAN_ONLY_CPU_OPTIONS = types.MappingProxyType({"xla_backend_optimization_level": 0,
                                                 "xla_cpu_use_fusion_emitters": False})
+#: The one of `PLAN_ONLY_CPU_OPTIONS` that changes the optimised HLO (`plan_only_options`'s
+#: ``same_hlo`` leaves it out).
+_HLO_OPTION = "xla_cpu_use_fusion_emitters"
+#: XLA:CPU's own defaults for the same two options, spelled out: per compile, they give a
+#: step the compiler a reader's runs get, whatever ``XLA_FLAGS`` say.
+DEFAULT_CPU_OPTIONS = types.MappingProxyType({"xla_backend_optimization_level": 3,
+                                              "xla_cpu_use_fusion_emitters": True})
 
 
 def plan_only_options(same_hlo: bool = False) -> dict | None:
@@ -64,9 +72,8 @@ def plan_only_options(same_hlo: bool = False) -> dict | None:
     """
     if jax.default_backend() != "cpu":
         return None
-    wanted = ({"xla_backend_optimization_level": PLAN_ONLY_CPU_OPTIONS[
-        "xla_backend_optimization_level"]} if same_hlo else PLAN_ONLY_CPU_OPTIONS)
-    options = {name: value for name, value in wanted.items() if not _flags_set(name, value)}
+    options = {name: value for name, value in PLAN_ONLY_CPU_OPTIONS.items()
+               if not (same_hlo and name == _HLO_OPTION) and not _flags_set(name, value)}
     return options or None
 
 

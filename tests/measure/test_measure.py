@@ -529,7 +529,7 @@ def test_plan_only_compile_keeps_the_memory_plan(recipe):
     import dataclasses
 
     from gclab.config import PRESETS
-    from gclab.measure.compiled import PLAN_ONLY_CPU_OPTIONS
+    from gclab.measure.compiled import DEFAULT_CPU_OPTIONS, PLAN_ONLY_CPU_OPTIONS
     from gclab.memory import get_recipe
     from gclab.sizing import StepSpec, train_step_abstract
 
@@ -539,11 +539,10 @@ def test_plan_only_compile_keeps_the_memory_plan(recipe):
     if memory.edge_block_size is not None:
         memory = memory.replace(edge_block_size=500)
     step, args = train_step_abstract(StepSpec(model, preset.task, memory))
-    # XLA's default level (3), and the level `plan_only_options` sets.
-    reader = {"xla_cpu_use_fusion_emitters": True}
-    default = compile_fn(step, *args,
-                         compiler_options={**reader, "xla_backend_optimization_level": 3})
-    plan = compile_fn(step, *args, compiler_options={**reader, "xla_backend_optimization_level": 0})
+    # XLA's defaults, and the same with the level `plan_only_options` sets.
+    default = compile_fn(step, *args, compiler_options=DEFAULT_CPU_OPTIONS)
+    plan = compile_fn(step, *args,
+                      compiler_options={**DEFAULT_CPU_OPTIONS, "xla_backend_optimization_level": 0})
     plan_only = compile_fn(step, *args, compiler_options=PLAN_ONLY_CPU_OPTIONS)
     assert (abs(plan_only.memory_analysis().temp_size_in_bytes
                 - plan.memory_analysis().temp_size_in_bytes)
