@@ -19,6 +19,7 @@ from gclab.sizing.step import (
     StepMemory,
     StepSpec,
     compile_train_step,
+    estimate_step_bytes,
     loss_grad_abstract,
     make_live_step,
     plan_only_options,
@@ -31,6 +32,7 @@ from gclab.sizing.sweep import load_sweep, save_sweep, sweep
 __all__ = [
     "CARDS", "CompiledStep", "GraphCounts", "MemoryEstimate", "NothingFits", "Plan",
     "SpeedModel", "StepMemory", "StepSpec", "compile_train_step", "data_sheet", "estimate",
+    "estimate_step_bytes",
     "ladder", "load_calibration", "load_sweep", "speed_for",
     "loss_grad_abstract", "make_live_step", "plan_only_options",
     "param_count", "parse_budget", "plan", "save_sweep", "sweep", "train_step_abstract",
