@@ -113,6 +113,35 @@ def test_pool_size_one_with_an_accelerator_else_cores_and_memory(monkeypatch):
     assert run_chapters.pool_size(4, 9) == 1
 
 
+def test_kernels_compile_in_one_piece_only_where_the_chapters_take_every_core():
+    split = f"{run_chapters.SPLIT_FLAG}=1"
+    flags = run_chapters.kernel_xla_flags
+    assert flags("", 2, 2, False) == split
+    assert flags(" --xla_cpu_use_fusion_emitters=false ", 4, 2, False) == (
+        f"--xla_cpu_use_fusion_emitters=false {split}")
+    assert flags("--xla_cpu_use_fusion_emitters=false", 1, 2, False) == (  # a core is idle
+        "--xla_cpu_use_fusion_emitters=false")
+    assert flags("", 1, 1, True) == ""  # an accelerator: XLA:CPU compiles little
+    assert flags(f"{run_chapters.SPLIT_FLAG}=4", 2, 2, False) == (  # the caller's own
+        f"{run_chapters.SPLIT_FLAG}=4")
+
+
+def test_kernels_get_the_flags_and_the_caller_keeps_its_own(small_book, capsys, monkeypatch):
+    _notebook(small_book / "book" / "good.ipynb",
+              "import os\nprint(os.environ.get('XLA_FLAGS'))")
+    _notebook(small_book / "book" / "bad.ipynb", "print('fixed')")
+    monkeypatch.setattr(run_chapters.os, "cpu_count", lambda: 1)
+    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_use_fusion_emitters=false")
+    assert run_chapters.main([], root=small_book) == 0
+    expected = f"--xla_cpu_use_fusion_emitters=false {run_chapters.SPLIT_FLAG}=1"
+    assert f"1 at a time; XLA_FLAGS={expected}" in capsys.readouterr().out
+    cache = get_cache(small_book / "_build" / ".jupyter_cache")
+    good = nbformat.read(small_book / "book" / "good.ipynb", nbformat.NO_CONVERT)
+    _, merged = cache.merge_match_into_notebook(good)
+    assert merged.cells[0].outputs[0]["text"] == expected + "\n"
+    assert run_chapters.os.environ["XLA_FLAGS"] == "--xla_cpu_use_fusion_emitters=false"
+
+
 def test_memory_figures_of_this_machine():
     assert run_chapters.host_memory_gib() > 0
     assert run_chapters.children_peak_gib() >= 0
