@@ -22,7 +22,9 @@ XLA:CPU splits the LLVM module and compiles the parts on a thread pool, which on
 where a core is idle, and splitting has a cost of its own. Measured on two cores, idle,
 four training steps compiled at XLA's default level, three runs each way: processor time
 67.7 -> 61.4 s, wall time 42.0 -> 37.2 s; the machine code runs as fast and the memory
-plans are the same. Every chapter's hardware table prints the flags it ran with.
+plans are the same. The whole build on the same machine did not show it beyond its
+run-to-run spread (880 s of the kernels' processor time, against 878 s before; the README's
+record). Every chapter's hardware table prints the flags it ran with.
 
 The longest chapters start first (the times of the last recorded book build,
 ``benchmarks/results/book-build-cpu.json``), so that no core is left alone on a long
