@@ -96,14 +96,10 @@ def test_what_a_chapter_runs_fits_every_device_class(chapter, name):
     # One guarded configuration that fits is enough: they are compiled smallest (by the
     # counting model's estimate) first, and the rest only while none fits.
     guarded = sorted((c for c in checked if c.guarded), key=lambda c: estimate_step_bytes(c.spec))
-    totals = {}
-    for config in guarded:
-        totals[config.label] = plan_bytes(config.spec)
-        if totals[config.label] <= cls.budget_bytes:
-            break
-    else:
-        assert not guarded, (
-            f"chapter {chapter} at {name}: no guarded configuration fits: {totals}")
+    if guarded:
+        assert any(plan_bytes(c.spec) <= cls.budget_bytes for c in guarded), (
+            f"chapter {chapter} at {name}: no guarded configuration fits: "
+            f"{ {c.label: plan_bytes(c.spec) for c in guarded} }")
 
 
 def test_chapter_3_at_the_16gb_class_runs_lean_and_shows_the_plan_of_the_rest():
