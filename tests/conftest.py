@@ -87,7 +87,7 @@ LONG_FIRST = (
     "book/07_full_resolution.ipynb",
     "tests/sizing/test_memory_model.py::test_sweep_timed_and_measured_on_cpu",
     "tests/test_device_classes.py::test_what_a_chapter_runs_fits_every_device_class[03-",
-    "tests/parallel/test_train_cli.py::test_two_processes_train_like_one_process",
+    "tests/parallel/test_train_cli.py::test_two_processes_train_like_one_device",
     "tests/parallel/test_train_cli.py::test_resumed_run_has_the_losses",
     "tests/sizing/test_memory_model.py::test_planner_never_exceeds_budget_with_compiled_figures",
     "book/04_xla_fusion.ipynb",

@@ -224,19 +224,21 @@ def _step_order(stages, prefix):
     ids=["none", "every-2", "nested-2-blocks"],
 )
 def test_timeline_attributes_processor_steps(memory, tmp_path):
-    """Unrolled, the gclab training step's timeline names every processor step, forward in
-    order and backward in reverse, with the peak of XLA's (rolled) schedule."""
+    """Unrolled, the timeline of gclab's loss and gradient names every processor step,
+    forward in order and backward in reverse, with the peak of XLA's (rolled) schedule.
+    (The gradient without the optimizer's update: the update adds no processor step, and
+    leaving it out halves the compile.)"""
     import dataclasses
 
     from gclab.config import PRESETS
     from gclab.measure import timeline_from_dump
-    from gclab.sizing import StepSpec, train_step_abstract
+    from gclab.sizing import StepSpec, loss_grad_abstract
 
     preset = PRESETS["cpu-4x32"]
     steps = 5  # groups of two and a remainder of one under "every"/"nested"
     model = dataclasses.replace(preset.model, processor_steps=steps, latent_size=16)
-    step, args = train_step_abstract(StepSpec(model, preset.task, memory))
-    unrolled = memory_timeline(step, *args, keep_dump=str(tmp_path))
+    loss, args = loss_grad_abstract(StepSpec(model, preset.task, memory))
+    unrolled = memory_timeline(jax.grad(loss), *args, keep_dump=str(tmp_path))
     rolled = timeline_from_dump(str(tmp_path), unroll_loops=False,
                                 temp_bytes=unrolled.temp_bytes)
     assert unrolled.unrolled and not rolled.unrolled

@@ -74,7 +74,8 @@ def planned_step(layout, graphs) -> dict:
                                   graphs)
         out[name] = {"parallel": lay.spec, "fits": c.fits,
                      "predicted": choice.predicted_step_bytes(c),
-                     "compiled": step.memory.total_bytes}
+                     "compiled": step.memory.total_bytes,
+                     "collective_permute_bytes": step.collectives.get("collective-permute", 0)}
     return out
 
 

@@ -77,6 +77,8 @@ def test_planned_bytes_bound_the_compiled_step(worker_lines):
             c = r[name]
             assert c["fits"], r
             assert c["compiled"] <= c["predicted"] <= (1 + PLAN_SLACK) * c["compiled"], r
+            # Stages hand micro-batches on with collective permutes, in both passes.
+            assert c["collective_permute_bytes"] > 0, r
 
 
 def test_its_tests_share_one_worker(request):
