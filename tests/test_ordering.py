@@ -4,7 +4,6 @@ otherwise lose its place at the front without a word."""
 from pathlib import Path
 
 import pytest
-
 from conftest import LONG_FIRST, ROOT
 
 
