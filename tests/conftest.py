@@ -71,39 +71,29 @@ from gclab.config import get_preset  # noqa: E402
 DATA = Path(__file__).resolve().parent / "data"
 
 
-# Items (or, for a module whose tests share one xdist worker, the module) of ten seconds or
-# more, longest first: measured with `pytest --durations=0` on two idle cores, 2026-11-27
-# (seconds in the comments). The two workers then take the long ones first and end on
-# short ones, instead of one worker running a chapter collected last while the other waits.
-# Every other item keeps its collection order after them.
+# Items that take minutes on two cores, longest first (pytest --durations of a full run):
+# the pipeline worker, chapters, the compiled-figures budget check, the multi-device
+# subprocess tests, and the device classes of chapter 3. Every other item keeps its
+# collection order after them. (Every item of ten seconds or more, longest first, measured
+# slower on two idle cores: 760 s of pytest against 716 s. The device classes and the
+# chapters then start together and compile the same steps side by side, where in this order
+# the device classes find most of them in JAX's cache.)
 LONG_FIRST = (
-    "book/03_remat.ipynb",  # 102
-    "tests/test_device_classes.py",  # 89, one worker
-    "book/05_mixed_precision.ipynb",  # 75
-    "book/08_beyond_one_device.ipynb",  # 74
-    "tests/parallel/test_pipeline.py",  # 69, one worker
-    "tests/parallel/test_layouts.py",  # 67, one worker
-    "book/06_scaling.ipynb",  # 65
-    "book/07_full_resolution.ipynb",  # 55
-    "book/appendix_measuring_memory.ipynb",  # 41
-    "tests/measure/test_measure.py::test_plan_only_compile_keeps_the_memory_plan",  # 38
-    "book/02_forward_activations.ipynb",  # 25
-    "tests/parallel/test_train_cli.py::test_plan_over_devices_weighs",  # 25
-    "tests/parallel/test_train_cli.py::test_two_processes_train_like_one_device",  # 21
-    "tests/parallel/test_train_cli.py::test_plan_over_devices_picks",  # 20
-    "tests/measure/test_agreement.py::test_layouts_on_simulated_devices",  # 19
-    "tests/memory/test_techniques.py::test_stage_checkpoints_lower_compiled_temp",  # 19
-    "tests/sizing/test_memory_model.py::test_planner_never_exceeds_budget",  # 17
-    "book/04_xla_fusion.ipynb",  # 16
-    "tests/parallel/test_train_cli.py::test_pipeline_trains_like_one_device",  # 16
-    "tests/measure/test_measure.py::test_one_compile_gives_memory_timeline",  # 14
-    "tests/weather/test_finetune.py::test_fine_tuning_with_a_memory_recipe",  # 13 + 6
-    "tests/sizing/test_memory_model.py::test_sweep_timed_and_measured_on_cpu",  # 13
-    "tests/memory/test_bf16.py::test_bfloat16_temp_is_at_most_a_fraction",  # 12 + 10 + 8 + 7
-    "tests/measure/test_planned_and_measured.py::test_on_cpu_the_plan_is_real",  # 12
-    "tests/test_cli.py::test_timeline_writes_a_picture",  # 11
-    "tests/parallel/test_train_cli.py::test_resumed_run_has_the_losses",  # 11
-    "tests/test_cli.py::test_sweep_writes_rows_and_a_plot",  # 10
+    "tests/parallel/test_pipeline.py",
+    "book/03_remat.ipynb",
+    "tests/parallel/test_layouts.py",
+    "book/06_scaling.ipynb",
+    "book/05_mixed_precision.ipynb",
+    "book/08_beyond_one_device.ipynb",
+    "tests/parallel/test_train_cli.py::test_pipeline_trains_like_one_device",
+    "tests/parallel/test_train_cli.py::test_plan_over_devices",
+    "book/07_full_resolution.ipynb",
+    "tests/sizing/test_memory_model.py::test_sweep_timed_and_measured_on_cpu",
+    "tests/test_device_classes.py::test_what_a_chapter_runs_fits_every_device_class[03-",
+    "tests/parallel/test_train_cli.py::test_two_processes_train_like_one_device",
+    "tests/parallel/test_train_cli.py::test_resumed_run_has_the_losses",
+    "tests/sizing/test_memory_model.py::test_planner_never_exceeds_budget_with_compiled_figures",
+    "book/04_xla_fusion.ipynb",
 )
 
 

@@ -3,14 +3,23 @@ otherwise lose its place at the front without a word."""
 
 from pathlib import Path
 
-import pytest
-from conftest import LONG_FIRST, ROOT
+TESTS = Path(__file__).resolve().parent
 
 
-@pytest.mark.parametrize("prefix", LONG_FIRST)
-def test_each_long_item_names_a_file_and_a_test_in_it(prefix):
-    path, _, name = prefix.partition("::")
-    file = ROOT / path
-    assert file.is_file(), f"{path} does not exist"
-    if name:
-        assert f"def {name}" in Path(file).read_text(), f"no test named {name}* in {path}"
+def _root_conftest(config):
+    """tests/conftest.py as pytest loaded it (`import conftest` may find a subfolder's)."""
+    path = TESTS / "conftest.py"
+    return next(p for p in config.pluginmanager.get_plugins()
+                if Path(getattr(p, "__file__", None) or "") == path)
+
+
+def test_each_long_item_names_a_file_and_a_test_in_it(request):
+    long_first = _root_conftest(request.config).LONG_FIRST
+    assert long_first
+    for prefix in long_first:
+        path, _, name = prefix.partition("::")
+        file = TESTS.parent / path
+        assert file.is_file(), f"{path} does not exist"
+        if name:
+            name = name.split("[")[0]
+            assert f"def {name}" in file.read_text(), f"no test named {name}* in {path}"
