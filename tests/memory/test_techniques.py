@@ -274,6 +274,7 @@ def test_stage_checkpoints_lower_compiled_temp_of_a_rollout():
     ratios are those of the whole training step to 0.3%, in 60% of the compile time. In a
     2-step rollout they are not lower: 1.00 to 1.01 of the baseline.)"""
     from gclab.config import TaskConfig
+    from gclab.measure import compiled_memory
     from gclab.sizing import StepSpec, loss_grad_abstract
 
     cfg = ModelConfig(resolution=6.0, mesh_splits=3, latent_size=64, processor_steps=4)
@@ -282,8 +283,7 @@ def test_stage_checkpoints_lower_compiled_temp_of_a_rollout():
 
     def temp(mem):
         loss, args = loss_grad_abstract(StepSpec(cfg, task, mem, rollout=3))
-        compiled = jax.jit(jax.grad(loss)).lower(*args).compile()
-        return compiled.memory_analysis().temp_size_in_bytes
+        return compiled_memory(jax.grad(loss), *args).temp_bytes
 
     baseline = temp(base)
     for fields, factor in ((dict(checkpoint_encoder=True), 0.9),
