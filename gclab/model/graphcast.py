@@ -55,7 +55,7 @@ from gclab.model.layers import (
     mlp_concat,
     node_side,
 )
-from gclab.parallel.config import ParallelConfig
+from gclab.parallel.config import PIPELINE_AXIS, ParallelConfig
 from gclab.parallel.pipeline import active_pipeline, gpipe
 from gclab.parallel.sharding import (
     full_rows,
@@ -498,7 +498,7 @@ def stage_memory(mem: MemoryConfig, steps: int, checkpointed: Optional[int]) -> 
 
 
 def pipeline_stages(steps: int, mem: MemoryConfig, layout: ParallelConfig, run_encoder: Callable,
-                    run_decoder: Callable) -> list:
+                    run_decoder: Callable, shared: bool = True) -> list:
     """The stage functions `stage((P, graph), state, x) -> (state, out)` of a pipeline
     (`gclab.parallel.pipeline.gpipe`), for a processor of `steps` steps.
 
@@ -508,26 +508,54 @@ def pipeline_stages(steps: int, mem: MemoryConfig, layout: ParallelConfig, run_e
     `(skip, mesh, edges)`: what the decoder needs from the encoder (grid latents
     `[Ng, b, L]`, or with streamed grid nodes the inputs `[Ng, b, C]`), mesh-node
     latents `[Nm, b, L]` and edge latents.
+
+    With `shared`, the stages between the first and the last that run as many steps with
+    the same remat are one function, at each of their places in the list: it reads its
+    steps' parameters at the offset of the stage it runs as
+    (`jax.lax.axis_index(PIPELINE_AXIS)`, so only inside `gpipe`), and `gpipe` traces,
+    differentiates and compiles it once: P stages of even steps cost three programs, not P,
+    and the compiled memory is the same (`benchmarks/pipeline_compile.py` measures both
+    ways). Without `shared`, every stage reads fixed steps and can run alone
+    (`make_stage_network`).
     """
     bounds = layout.stage_bounds(steps)
     last = len(bounds) - 1
+    remat = [None if layout.stage_remat is None else layout.stage_remat[s]
+             for s in range(len(bounds))]
+    kinds: dict = {}  # (steps, checkpointed) -> the middle stages that run them
+    for s, (first, end) in enumerate(bounds):
+        if shared and 0 < s < last:
+            kinds.setdefault((end - first, remat[s]), []).append(s)
 
-    def make(s: int, first: int, end: int):
-        checkpointed = None if layout.stage_remat is None else layout.stage_remat[s]
-        smem = stage_memory(mem, end - first, checkpointed)
+    def make(members: list):
+        s = members[0]
+        n = bounds[s][1] - bounds[s][0]
+        smem = stage_memory(mem, n, remat[s])
+        offsets = np.zeros(len(bounds), np.int32)  # [P] first step of each member stage
+        offsets[members] = [bounds[m][0] for m in members]
+        name = f"pipeline_stage_{s}" if len(members) == 1 else \
+            f"pipeline_stages_{'_'.join(map(str, members))}"
+
+        def take(a):  # this stage's steps of a stacked parameter, [n, ...]
+            if len(members) == 1:
+                return a[bounds[s][0]:bounds[s][1]]
+            first = jnp.asarray(offsets)[jax.lax.axis_index(PIPELINE_AXIS)]
+            return jax.lax.dynamic_slice_in_dim(a, first, n)
 
         def stage(operands, state, x):  # x: [Ng, b, C], state: (skip, mesh, edges)
             # The graph comes in as an argument: inside `shard_map` every array must.
             P, graph = operands
+            proc = dict(P["processor"])
+            for key in ("processor_edges_mesh", "processor_nodes_mesh_nodes"):
+                proc[key] = jax.tree_util.tree_map(take, proc[key])
             if s == 0:
                 grid, mesh = run_encoder(P["encoder"], graph, x)
                 skip = x if mem.stream_grid_nodes else grid
-                edges = processor_edges(P["processor"], graph, mesh.shape[1], mesh.dtype, mem)
+                edges = processor_edges(proc, graph, mesh.shape[1], mesh.dtype, mem)
             else:
                 skip, mesh, edges = state
-            with jax.named_scope(f"pipeline_stage_{s}"):
-                mesh, edges = processor_steps(P["processor"], graph, mesh, edges, smem,
-                                              first, end)
+            with jax.named_scope(name):
+                mesh, edges = processor_steps(proc, graph, mesh, edges, smem)
             state = (skip, mesh, edges)
             if s != last:
                 return state, None
@@ -537,7 +565,9 @@ def pipeline_stages(steps: int, mem: MemoryConfig, layout: ParallelConfig, run_e
 
         return stage
 
-    return [make(s, first, end) for s, (first, end) in enumerate(bounds)]
+    made = {key: make(members) for key, members in kinds.items() if len(members) > 1}
+    return [made[(end - first, remat[s])] if 0 < s < last and (end - first, remat[s]) in made
+            else make([s]) for s, (first, end) in enumerate(bounds)]
 
 
 # bfloat16 stages do not compile yet: XLA:CPU rejects the program (jax 0.10.2).
@@ -575,7 +605,9 @@ def pipelined_forward(P: dict, graph: GraphInputs, inputs: Array, mem: MemoryCon
         return run
 
     zeros = jax.tree_util.tree_map(lambda a: jnp.zeros(a.shape, a.dtype), state_shape)
-    outs = gpipe([with_output(f) for f in stages], operands, xs, zeros, M)  # [M, Ng, b, O]
+    wrapped: dict = {}  # one wrapper per distinct stage function: `gpipe` compiles each once
+    runs = [wrapped.setdefault(f, with_output(f)) for f in stages]
+    outs = gpipe(runs, operands, xs, zeros, M)  # [M, Ng, b, O]
     return jnp.moveaxis(outs, 0, 2).reshape(ng, batch, -1)  # [Ng, B, O]
 
 
@@ -642,7 +674,8 @@ def make_stage_network(model: ModelConfig, data_channels: int, output_channels: 
                       compute_dtype(mem.precision))
         if inputs is not None and not mem.stream_grid_nodes:
             inputs = inputs.astype(compute_dtype(mem.precision))
-        stages = pipeline_stages(model.processor_steps, mem, layout, *stage_runners(mem))
+        stages = pipeline_stages(model.processor_steps, mem, layout, *stage_runners(mem),
+                                 shared=False)
         return stages[stage]((P, graph), state, inputs)
 
     return hk.without_apply_rng(hk.transform(forward))

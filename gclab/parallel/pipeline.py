@@ -105,7 +105,10 @@ def gpipe(stages: Sequence[Callable], params: Any, xs: Any, state: Any,
       stages: P functions `stage(params, state, x) -> (state, out)`. Stage 0 reads the
         micro-batch `x` and ignores `state`; stage s > 0 continues from the state stage
         s - 1 returned; the last stage's `out` is the result (the others return zeros of
-        its shape and dtype). Every stage returns a state of the same structure.
+        its shape and dtype). Every stage returns a state of the same structure. One
+        function may stand at several places (stages that run one program, telling
+        themselves apart by `jax.lax.axis_index(PIPELINE_AXIS)`): it is one branch of the
+        switch, so it is traced, differentiated and compiled once.
       params: a pytree every stage receives whole (e.g. the network's parameters).
       xs: a pytree of micro-batches, each leaf `[M, ...]`.
       state: a pytree of zeros shaped like the state passed between stages (what stage
@@ -135,7 +138,11 @@ def gpipe(stages: Sequence[Callable], params: Any, xs: Any, state: Any,
             return _varying(stage(params, state, x))
         return jax.checkpoint(run, policy=jax.checkpoint_policies.nothing_saveable)
 
-    branches = [branch(stage) for stage in stages]
+    # One branch per distinct function: tracing, differentiating and compiling a switch
+    # cost a branch each, so P stages of three kinds (first, middle, last) cost three.
+    kinds = list(dict.fromkeys(stages))
+    branches = [branch(stage) for stage in kinds]
+    kind_of_stage = jnp.asarray([kinds.index(stage) for stage in stages], jnp.int32)  # [P]
 
     def per_device(params, xs, state):
         s = jax.lax.axis_index(PIPELINE_AXIS)
@@ -147,7 +154,7 @@ def gpipe(stages: Sequence[Callable], params: Any, xs: Any, state: Any,
         def tick(state, t):
             # Each device runs its own stage's program (own steps, own remat), picked by
             # its index on the `pipeline` axis.
-            state, out = jax.lax.switch(s, branches, params, state, xs, t)
+            state, out = jax.lax.switch(kind_of_stage[s], branches, params, state, xs, t)
             state = jax.lax.ppermute(state, PIPELINE_AXIS, forward)
             return state, out
 
