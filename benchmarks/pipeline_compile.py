@@ -40,7 +40,7 @@ from gclab import training
 from gclab.config import get_preset
 from gclab.measure import plan_only_options
 from gclab.model import graphcast
-from gclab.parallel import make_mesh, parse_parallel_spec, use_layout
+from gclab.parallel import make_mesh, parse_parallel_spec, switch_branches, use_layout
 from gclab.sizing import StepSpec, train_step_abstract
 
 graphcast.pipeline_stages = functools.partial(graphcast.pipeline_stages, shared=shared)
@@ -60,25 +60,12 @@ with use_layout(mesh, layout):
     t3 = time.perf_counter()
 
 
-def branches(jaxpr):
-    out = []
-    for eqn in jaxpr.eqns:
-        if eqn.primitive.name == "cond":
-            out.append(len(eqn.params["branches"]))
-        for value in eqn.params.values():
-            for v in value if isinstance(value, (tuple, list)) else (value,):
-                inner = getattr(v, "jaxpr", v)
-                if hasattr(inner, "eqns"):
-                    out += branches(inner)
-    return out
-
-
 m = compiled.memory_analysis()
 print(json.dumps({"trace_seconds": t1 - t0, "lower_seconds": t2 - t1,
                   "compile_seconds": t3 - t2, "temp_bytes": m.temp_size_in_bytes,
                   "total_bytes": m.temp_size_in_bytes + m.argument_size_in_bytes
                   + m.output_size_in_bytes - m.alias_size_in_bytes,
-                  "switch_branches": max(branches(traced.jaxpr.jaxpr))}))
+                  "switch_branches": max(switch_branches(traced.jaxpr.jaxpr))}))
 """
 
 

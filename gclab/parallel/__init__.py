@@ -20,7 +20,13 @@ from gclab.parallel.config import (
     parse_parallel_spec,
     pipeline_layouts,
 )
-from gclab.parallel.pipeline import active_pipeline, bubble_fraction, gpipe, use_pipeline
+from gclab.parallel.pipeline import (
+    active_pipeline,
+    bubble_fraction,
+    gpipe,
+    switch_branches,
+    use_pipeline,
+)
 from gclab.parallel.processes import initialize_processes, use_cpu_devices
 from gclab.parallel.sharding import (
     active_axes,
@@ -41,5 +47,6 @@ __all__ = [
     "ParallelConfig", "active_axes", "active_pipeline", "bubble_fraction", "gpipe",
     "pipeline_layouts", "use_pipeline", "full_rows", "global_array", "initialize_processes",
     "layouts", "make_mesh", "mesh_rows", "parse_parallel_spec", "replicated", "rows_sharding",
-    "spatial_shards", "split_rows", "split_shards", "use_cpu_devices", "use_layout",
+    "spatial_shards", "split_rows", "split_shards", "switch_branches", "use_cpu_devices",
+    "use_layout",
 ]

@@ -169,6 +169,25 @@ def gpipe(stages: Sequence[Callable], params: Any, xs: Any, state: Any,
     return jax.tree_util.tree_map(lambda a: a[-1], outs)  # [M, ...] from the last stage
 
 
+def switch_branches(jaxpr: Any) -> list:
+    """The number of branches of every switch (`cond`) in `jaxpr`, nested ones included, in
+    the order met: for a traced pipelined step, what `gpipe` traces and compiles per tick.
+
+    Args:
+      jaxpr: a `jax.extend.core.Jaxpr` (e.g. `jax.jit(f).trace(*args).jaxpr.jaxpr`).
+    """
+    counts = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "cond":
+            counts.append(len(eqn.params["branches"]))
+        for value in eqn.params.values():
+            for v in value if isinstance(value, (tuple, list)) else (value,):
+                inner = getattr(v, "jaxpr", v)  # a ClosedJaxpr's jaxpr, or a Jaxpr
+                if hasattr(inner, "eqns"):
+                    counts += switch_branches(inner)
+    return counts
+
+
 def _varying(tree: Any) -> Any:
     """`tree` with every leaf typed as varying over the `pipeline` axis."""
     def cast(a):

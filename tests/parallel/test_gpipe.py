@@ -15,23 +15,7 @@ from jax.sharding import AbstractMesh, AxisType
 
 from gclab.memory import MemoryConfig
 from gclab.model.graphcast import pipeline_stages
-from gclab.parallel import parse_parallel_spec
-from gclab.parallel.config import PIPELINE_AXIS
-from gclab.parallel.pipeline import gpipe
-
-
-def _switch_branches(jaxpr) -> list:
-    """Branch counts of every `cond` in `jaxpr`, nested ones included."""
-    counts = []
-    for eqn in jaxpr.eqns:
-        if eqn.primitive.name == "cond":
-            counts.append(len(eqn.params["branches"]))
-        for value in eqn.params.values():
-            for v in value if isinstance(value, (tuple, list)) else (value,):
-                inner = getattr(v, "jaxpr", v)
-                if hasattr(inner, "eqns"):
-                    counts += _switch_branches(inner)
-    return counts
+from gclab.parallel import PIPELINE_AXIS, gpipe, parse_parallel_spec, switch_branches
 
 
 def test_gpipe_traces_one_branch_per_distinct_stage_function():
@@ -49,7 +33,7 @@ def test_gpipe_traces_one_branch_per_distinct_stage_function():
         args = (jax.ShapeDtypeStruct((), jnp.float32), jax.ShapeDtypeStruct((2, 3), jnp.float32))
         with jax.sharding.use_abstract_mesh(mesh):
             jaxpr = jax.make_jaxpr(lambda p, xs: gpipe(stages, p, xs, jnp.zeros(3), 2))(*args)
-        return _switch_branches(jaxpr.jaxpr)
+        return switch_branches(jaxpr.jaxpr)
 
     assert run([first, middle, middle, middle, last]) == [3]
     assert run([first, middle, lambda p, s, x: middle(p, s, x), last]) == [4]
