@@ -8,7 +8,8 @@ branches; `--unshared` builds one function per stage, as P branches. For each nu
 stages, one training step (batch = micro-batches, from shapes) is traced, lowered and
 compiled as a memory plan is (`gclab.measure.plan_only_options`) in a fresh process with
 P simulated CPU devices and JAX's compilation cache off, both ways, `--repeats` times
-alternating. Writes `benchmarks/results/pipeline-compile-<backend>.json`.
+alternating. Writes `benchmarks/results/pipeline-compile-<backend>.json` and the copy
+chapter 8 reads, `gclab/recordings/pipeline-compile-<backend>.json`.
 
     python benchmarks/pipeline_compile.py                       # cpu-8x128, P = 2, 4, 8
     python benchmarks/pipeline_compile.py --preset cpu-16x512 --stages 16 --repeats 1
@@ -28,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fresh_clone import ROOT, commit  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results"
+SHIPPED = ROOT / "gclab" / "recordings"  # read by chapters from the installed package
 
 # Runs in a fresh process with P simulated devices: one pipelined step, shared or not.
 _CHILD = r"""
@@ -111,13 +113,18 @@ def main() -> None:
     path = RESULTS / f"pipeline-compile-{hardware['backend']}.json"
     old = json.loads(path.read_text()) if path.is_file() else {}
     keep = [r for r in old.get("rows", []) if r["preset"] != args.preset]
-    record = {"benchmark": "pipeline_compile", "commit": commit(),
-              "hardware": {**old.get("hardware", {}), args.preset: hardware},
+    # `hardware` and `date`: this run's; each preset's own run in `hardware_by_preset`.
+    record = {"benchmark": "pipeline_compile", "commit": commit(), "hardware": hardware,
+              "date": hardware["date"],
+              "hardware_by_preset": {**old.get("hardware_by_preset", {}),
+                                     args.preset: hardware},
               "compiled_as": "plan (gclab.measure.plan_only_options); compilation cache off",
               "repeats": {**old.get("repeats", {}), args.preset: args.repeats},
               "rows": keep + rows}
-    path.write_text(json.dumps(record, indent=1) + "\n")
-    print(f"wrote {path}")
+    text = json.dumps(record, indent=1) + "\n"
+    for out in (path, SHIPPED / path.name):  # chapter 8 reads the shipped copy
+        out.write_text(text)
+        print(f"wrote {out}")
 
 
 if __name__ == "__main__":
