@@ -40,7 +40,7 @@ stages, preset, microbatches, shared = (int(sys.argv[1]), sys.argv[2], int(sys.a
 jax.config.update("jax_num_cpu_devices", stages)
 from gclab import training
 from gclab.config import get_preset
-from gclab.measure import plan_only_options
+from gclab.measure import memory_of_compiled, plan_only_options
 from gclab.model import graphcast
 from gclab.parallel import make_mesh, parse_parallel_spec, switch_branches, use_layout
 from gclab.sizing import StepSpec, train_step_abstract
@@ -60,13 +60,10 @@ with use_layout(mesh, layout):
     t2 = time.perf_counter()
     compiled = lowered.compile(plan_only_options())
     t3 = time.perf_counter()
-
-
-m = compiled.memory_analysis()
+m = memory_of_compiled(compiled, t3 - t2)
 print(json.dumps({"trace_seconds": t1 - t0, "lower_seconds": t2 - t1,
-                  "compile_seconds": t3 - t2, "temp_bytes": m.temp_size_in_bytes,
-                  "total_bytes": m.temp_size_in_bytes + m.argument_size_in_bytes
-                  + m.output_size_in_bytes - m.alias_size_in_bytes,
+                  "compile_seconds": m.compile_seconds, "temp_bytes": m.temp_bytes,
+                  "total_bytes": m.total_bytes,
                   "switch_branches": max(switch_branches(traced.jaxpr.jaxpr))}))
 """
 

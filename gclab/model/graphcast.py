@@ -291,26 +291,25 @@ def processor_edges(P: dict, graph: GraphInputs, batch: int, dtype, mem: MemoryC
     return split_rows(edges, axis=1, batch_axis=2)  # [nb, bs, B, L]
 
 
-def processor_steps(P: dict, graph: GraphInputs, mesh: Array, edges: Array, mem: MemoryConfig,
-                    first: int = 0, end: Optional[int] = None) -> tuple:
-    """Processor steps `first` to `end - 1` (default all S) from mesh-node and edge latents.
+def processor_steps(P: dict, graph: GraphInputs, mesh: Array, edges: Array,
+                    mem: MemoryConfig) -> tuple:
+    """The processor steps stacked in `P`, from mesh-node and edge latents.
 
     Args:
-      P: the processor's parameters (steps stacked on a leading axis).
+      P: the processor's parameters, steps stacked on a leading axis: all S, or a pipeline
+        stage's slice of them (`pipeline_stages`).
       graph: the graphs.
       mesh: [Nm, B, L] mesh-node latents.
-      edges: edge latents from `processor_edges` (or from the steps before `first`).
+      edges: edge latents from `processor_edges` (or from the steps before these).
       mem: memory techniques (its processor remat applies to these steps).
-      first, end: the steps to run.
 
     Returns:
-      `(mesh, edges)` after step `end - 1`.
+      `(mesh, edges)` after the last of these steps.
     """
     nm = mesh.shape[0]
     dtype = mesh.dtype
     senders, receivers = graph.mesh_senders, graph.mesh_receivers
     stacked = {"edges": P["processor_edges_mesh"], "nodes": P["processor_nodes_mesh_nodes"]}
-    stacked = jax.tree_util.tree_map(lambda a: a[first:end], stacked)
     f32_sum = mem.float32_aggregation
     blocked = mem.processor_edge_blocks
     if blocked:
@@ -522,25 +521,28 @@ def pipeline_stages(steps: int, mem: MemoryConfig, layout: ParallelConfig, run_e
     last = len(bounds) - 1
     remat = [None if layout.stage_remat is None else layout.stage_remat[s]
              for s in range(len(bounds))]
-    kinds: dict = {}  # (steps, checkpointed) -> the middle stages that run them
+    # Stages of one key are one function: a middle stage's key is its (steps, checkpointed
+    # steps) when `shared`, any other stage's its own index.
+    groups: dict = {}
     for s, (first, end) in enumerate(bounds):
-        if shared and 0 < s < last:
-            kinds.setdefault((end - first, remat[s]), []).append(s)
+        key = (end - first, remat[s]) if shared and 0 < s < last else s
+        groups.setdefault(key, []).append(s)
 
     def make(members: list):
         s = members[0]
-        n = bounds[s][1] - bounds[s][0]
-        smem = stage_memory(mem, n, remat[s])
-        offsets = np.zeros(len(bounds), np.int32)  # [P] first step of each member stage
-        offsets[members] = [bounds[m][0] for m in members]
-        name = f"pipeline_stage_{s}" if len(members) == 1 else \
-            f"pipeline_stages_{'_'.join(map(str, members))}"
+        first, end = bounds[s]
+        smem = stage_memory(mem, end - first, remat[s])
+        name = f"pipeline_stage_{'_'.join(map(str, members))}"
+        if len(members) == 1:
+            def take(a):  # this stage's steps of a stacked parameter, [n, ...]
+                return a[first:end]
+        else:
+            offsets = np.zeros(len(bounds), np.int32)  # [P] first step of each member stage
+            offsets[members] = [bounds[m][0] for m in members]
 
-        def take(a):  # this stage's steps of a stacked parameter, [n, ...]
-            if len(members) == 1:
-                return a[bounds[s][0]:bounds[s][1]]
-            first = jnp.asarray(offsets)[jax.lax.axis_index(PIPELINE_AXIS)]
-            return jax.lax.dynamic_slice_in_dim(a, first, n)
+            def take(a):  # the running stage's steps of a stacked parameter, [n, ...]
+                start = jnp.asarray(offsets)[jax.lax.axis_index(PIPELINE_AXIS)]
+                return jax.lax.dynamic_slice_in_dim(a, start, end - first)
 
         def stage(operands, state, x):  # x: [Ng, b, C], state: (skip, mesh, edges)
             # The graph comes in as an argument: inside `shard_map` every array must.
@@ -565,9 +567,12 @@ def pipeline_stages(steps: int, mem: MemoryConfig, layout: ParallelConfig, run_e
 
         return stage
 
-    made = {key: make(members) for key, members in kinds.items() if len(members) > 1}
-    return [made[(end - first, remat[s])] if 0 < s < last and (end - first, remat[s]) in made
-            else make([s]) for s, (first, end) in enumerate(bounds)]
+    stages: list = [None] * len(bounds)
+    for members in groups.values():
+        fn = make(members)
+        for s in members:
+            stages[s] = fn
+    return stages
 
 
 # bfloat16 stages do not compile yet: XLA:CPU rejects the program (jax 0.10.2).
