@@ -50,7 +50,6 @@ from gclab.memory.config import (
     get_recipe,
     parse_remat_spec,
 )
-from gclab.model.graphcast import PIPELINE_PRECISION
 from gclab.model.reference import load_fixture, run_checks
 from gclab.parallel import (
     PARALLEL_SPEC_HELP,
@@ -648,8 +647,6 @@ def start_devices(args) -> None:
                          f" (the data axis times the recipe's gradient-accumulation micro-batches"
                          + (f" times the pipeline's microbatches:{layout.microbatches})"
                             if layout.pipeline > 1 else ")"))
-    if layout.pipeline > 1 and _resolve_memory(args, args.recipe).precision != "f32":
-        raise UsageError(f"--parallel {_shown(args.parallel)}: {PIPELINE_PRECISION}")
     if layout.pipeline > 1:
         ckpt = getattr(args, "init_checkpoint", None)
         model = ckpt.model if ckpt is not None else _resolve_model(args)[0]

@@ -127,8 +127,6 @@ SENSELESS = [
      ["--parallel pipeline:2,stage-steps:2", "ParallelConfig.stage_steps", "2 integers"]),
     (["memory", *TINY_NET, "--parallel", "pipeline:2,stage-remat:2/0"],
      ["--parallel pipeline:2,stage-remat:2/0", "stage 0 has 1 steps, fewer than 2"]),
-    (["memory", *TINY_NET, "--precision", "bf16", "--parallel", "pipeline:2"],
-     ["--parallel pipeline:2", "float32 only"]),
     (["memory", *TINY_NET, "--parallel", "microbatches:2"],
      ["--parallel microbatches:2", "ParallelConfig.pipeline", "> 1"]),
     (["plan", *TINY_NET, "--budget", "1GiB", "--devices", "0"], ["--devices 0"]),

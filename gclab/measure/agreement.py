@@ -68,6 +68,15 @@ def compare_leaves(leaves: Sequence, reference: Sequence) -> tuple[float, float]
     return worst, float(np.linalg.norm(a - b) / np.linalg.norm(b))
 
 
+def gradient_cosine(leaves: Sequence, reference: Sequence) -> float:
+    """The cosine of the angle between two gradients, their leaves as one vector each (how
+    a bfloat16 gradient's direction compares with float32's)."""
+    if len(leaves) != len(reference):
+        raise ValueError(f"{len(leaves)} gradient arrays against {len(reference)}")
+    a, b = _flat(leaves), _flat(reference)
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
 class LayoutCheck:
     """Loss and gradients of one model and batch on layouts, against one device.
 

@@ -458,7 +458,6 @@ def stage_runners(mem: MemoryConfig) -> tuple:
 def graphcast_forward(P: dict, graph: GraphInputs, inputs: Array, mem: MemoryConfig) -> Array:
     """The whole network on grouped parameters `P` (see `_all_params`). [Ng,B,C] -> [Ng,B,O]."""
     dtype = compute_dtype(mem.precision)
-    P = cast_tree(P, dtype)  # parameters stay float32; gradients come back float32
     # Streamed grid nodes gather their inputs block by block and cast each block: a
     # bfloat16 copy of all inputs would be sliced through float32 copies on XLA:CPU (see
     # `residuals_as_bits`), a copy twice its size.
@@ -468,6 +467,7 @@ def graphcast_forward(P: dict, graph: GraphInputs, inputs: Array, mem: MemoryCon
     if layout is not None:
         return pipelined_forward(P, graph, inputs, mem, layout, run_encoder,
                                  run_decoder).astype(jnp.float32)
+    P = cast_tree(P, dtype)  # parameters stay float32; gradients come back float32
     grid, mesh = run_encoder(P["encoder"], graph, inputs)
     with jax.named_scope("processor"):
         mesh = processor(P["processor"], graph, mesh, mem)
@@ -575,11 +575,6 @@ def pipeline_stages(steps: int, mem: MemoryConfig, layout: ParallelConfig, run_e
     return stages
 
 
-# bfloat16 stages do not compile yet: XLA:CPU rejects the program (jax 0.10.2).
-PIPELINE_PRECISION = ("pipeline stages run in float32 only (precision f32); bfloat16 stages "
-                      "do not compile yet")
-
-
 def pipelined_forward(P: dict, graph: GraphInputs, inputs: Array, mem: MemoryConfig,
                       layout: ParallelConfig, run_encoder: Callable,
                       run_decoder: Callable) -> Array:
@@ -588,9 +583,13 @@ def pipelined_forward(P: dict, graph: GraphInputs, inputs: Array, mem: MemoryCon
     The batch is split into `layout.microbatches` micro-batches by taking every M-th
     sample (sample j M + m is in micro-batch m), so that with the batch split over `data`
     every micro-batch stays spread over the data slices. [Ng, B, C] -> [Ng, B, O].
+
+    `P` is float32: each stage casts it to `mem.precision` itself, so that the sum of the
+    parameters' gradients over the stages (the transpose of their entry into every stage)
+    is a float32 all-reduce, as in a float32 step. (A bfloat16 one there also fails to
+    compile on XLA:CPU, jax 0.10.2: its promotion of bfloat16 all-reduces to float32
+    rejects the reducer JAX builds inside `shard_map`.)
     """
-    if mem.precision != "f32":
-        raise ValueError(PIPELINE_PRECISION)
     ng, batch, channels = inputs.shape
     M = layout.microbatches
     if batch % M:
@@ -599,13 +598,16 @@ def pipelined_forward(P: dict, graph: GraphInputs, inputs: Array, mem: MemoryCon
     xs = jnp.moveaxis(inputs.reshape(ng, b, M, channels), 2, 0)  # [M, Ng, b, C]
     steps = P["processor"]["processor_edges_mesh"]["layers"][0][0].shape[0]
     stages = pipeline_stages(steps, mem, layout, run_encoder, run_decoder)
+    dtype = compute_dtype(mem.precision)
     operands = (P, graph)
-    state_shape, _ = jax.eval_shape(stages[0], operands, None, xs[0])
-    _, out_shape = jax.eval_shape(stages[-1], operands, state_shape, xs[0])  # [Ng, b, O]
+    cast = (cast_tree(P, dtype), graph)
+    state_shape, _ = jax.eval_shape(stages[0], cast, None, xs[0])
+    _, out_shape = jax.eval_shape(stages[-1], cast, state_shape, xs[0])  # [Ng, b, O]
 
-    def with_output(stage):  # every stage returns the last stage's output type
+    def with_output(stage):  # casts the parameters; returns the last stage's output type
         def run(operands, state, x):
-            state, out = stage(operands, state, x)
+            params, graph = operands
+            state, out = stage((cast_tree(params, dtype), graph), state, x)
             return state, jnp.zeros(out_shape.shape, out_shape.dtype) if out is None else out
         return run
 

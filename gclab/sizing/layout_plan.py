@@ -35,7 +35,6 @@ from gclab.devices import FIT_MARGIN, fits
 from gclab.geometry.graphs import graphs_for
 from gclab.measure.compiled import format_bytes
 from gclab.memory.config import RECIPES, get_recipe
-from gclab.model.graphcast import PIPELINE_PRECISION
 from gclab.parallel.config import layouts, pipeline_layouts
 from gclab.sizing import analytical
 from gclab.sizing.pipeline_plan import plan_pipeline, step_extra_bytes
@@ -144,9 +143,6 @@ def _pipeline_candidates(model, task, devices, batch, rollout, precision, recipe
             if batch % layout.data:
                 yield {**row, "skipped": f"batch {batch} is not a multiple of "
                        f"data:{layout.data}"}, None, None
-                continue
-            if precision != "f32":
-                yield {**row, "skipped": PIPELINE_PRECISION}, None, None
                 continue
             if model.processor_steps < 5:
                 yield {**row, "skipped": "the stage planner needs 5 processor steps or "

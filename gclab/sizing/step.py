@@ -38,12 +38,7 @@ from gclab.measure.compiled import (
 )
 from gclab.measure.timeline import compile_with_timeline
 from gclab.memory.config import MemoryConfig, recipe_name
-from gclab.model.graphcast import (
-    PIPELINE_PRECISION,
-    graph_inputs,
-    make_network,
-    param_shapes,
-)
+from gclab.model.graphcast import graph_inputs, make_network, param_shapes
 from gclab.parallel.config import ParallelConfig
 from gclab.parallel.sharding import make_mesh, use_layout
 from gclab.sizing.analytical import GraphCounts, estimate, param_count
@@ -88,9 +83,6 @@ class StepSpec:
                              f"ParallelConfig.data x MemoryConfig.microbatches x "
                              f"ParallelConfig.microbatches = {multiple}.")
         if self.parallel.pipeline > 1:
-            if self.memory.precision != "f32":
-                raise ValueError(f"StepSpec.parallel={self.parallel.spec} is invalid with "
-                                 f"precision {self.memory.precision}: {PIPELINE_PRECISION}")
             try:
                 self.parallel.stage_bounds(self.model.processor_steps)
             except ValueError as e:

@@ -22,11 +22,10 @@ import jax
 
 jax.config.update("jax_num_cpu_devices", int(sys.argv[1]))
 
-import numpy as np  # noqa: E402
-
 from gclab import training  # noqa: E402
 from gclab.config import ModelConfig, TaskConfig  # noqa: E402
 from gclab.geometry.graphs import graphs_for  # noqa: E402
+from gclab.measure.agreement import compare_leaves, gradient_cosine  # noqa: E402
 from gclab.memory.config import MemoryConfig, get_recipe  # noqa: E402
 from gclab.model.graphcast import graph_inputs, make_network  # noqa: E402
 from gclab.parallel import make_mesh, parse_parallel_spec, use_layout  # noqa: E402
@@ -104,34 +103,18 @@ def main() -> None:
             loss, grads = loss_and_grad(place_step_args(mesh, params, graph, example_of(rollout)),
                                         memory, rollout, weights)
         leaves = jax.tree_util.tree_leaves(grads)
-        rel = max(float(np.max(np.abs(a - b)) / (np.max(np.abs(b)) + 1e-30))
-                  for a, b in zip(leaves, ref_leaves))
+        rel, norm_rel = compare_leaves(leaves, ref_leaves)
         record = {"case": item, "layout": layout.spec, "memory": memory_name,
                   "rollout": rollout, "loss": float(loss), "ref_loss": float(ref_loss),
                   "loss_rel": abs(float(loss) - float(ref_loss)) / abs(float(ref_loss)),
-                  "grad_rel": rel, "grad_norm_rel": norm_rel(leaves, ref_leaves)}
+                  "grad_rel": rel, "grad_norm_rel": norm_rel}
         if memory.precision != "f32":  # also against one device's float32 baseline
             f32_loss, f32_leaves = reference(MemoryConfig(), rollout)
             record.update(
                 loss_rel_f32=abs(float(loss) - float(f32_loss)) / abs(float(f32_loss)),
-                grad_norm_rel_f32=norm_rel(leaves, f32_leaves),
-                grad_cosine_f32=cosine(leaves, f32_leaves))
+                grad_norm_rel_f32=compare_leaves(leaves, f32_leaves)[1],
+                grad_cosine_f32=gradient_cosine(leaves, f32_leaves))
         print(json.dumps(record), flush=True)
-
-
-def flat(leaves) -> np.ndarray:
-    return np.concatenate([np.ravel(np.asarray(x, np.float64)) for x in leaves])
-
-
-def norm_rel(leaves, ref_leaves) -> float:
-    """|a - b| / |b| over all gradients as one vector."""
-    a, b = flat(leaves), flat(ref_leaves)
-    return float(np.linalg.norm(a - b) / np.linalg.norm(b))
-
-
-def cosine(leaves, ref_leaves) -> float:
-    a, b = flat(leaves), flat(ref_leaves)
-    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
 
 
 if __name__ == "__main__":

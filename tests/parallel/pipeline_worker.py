@@ -3,10 +3,12 @@
 Run as `python pipeline_worker.py N LAYOUT@MEMORY[;LAYOUT@MEMORY...]` in a fresh process:
 it asks for N simulated CPU devices before JAX starts, and for each layout (e.g.
 `pipeline:2,microbatches:2,stage-steps:1/4,stage-remat:1/0`) and memory setting (`none`,
-`remat`, `lean`) computes the loss and gradients under the layout (batch 4,
-rollout 1) and prints one JSON line with the largest relative differences from one
-device's float32 baseline: the plain model, no memory technique, computed once for all
-cases. Compiles skip LLVM optimisation (`plan_only_options`), which keeps them fast.
+`remat`, `lean`, `deepmind-bf16`) computes the loss and gradients under the layout
+(batch 4, rollout 1) and prints one JSON line with the largest relative differences from
+one device's float32 baseline: the plain model, no memory technique, computed once for all
+cases. A bfloat16 setting is compared with the same setting on one device, and with the
+float32 baseline by the norm and direction of the whole gradient. Compiles skip LLVM
+optimisation (`plan_only_options`), which keeps them fast.
 """
 
 from __future__ import annotations
@@ -19,11 +21,10 @@ import jax
 
 jax.config.update("jax_num_cpu_devices", int(sys.argv[1]))
 
-import numpy as np  # noqa: E402
-
 from gclab import training  # noqa: E402
 from gclab.config import ModelConfig, TaskConfig  # noqa: E402
 from gclab.geometry.graphs import graphs_for  # noqa: E402
+from gclab.measure.agreement import compare_leaves, gradient_cosine  # noqa: E402
 from gclab.memory.config import MemoryConfig, get_recipe  # noqa: E402
 from gclab.model.graphcast import graph_inputs, make_network  # noqa: E402
 from gclab.parallel import make_mesh, parse_parallel_spec, use_layout  # noqa: E402
@@ -46,6 +47,8 @@ MEMORY = {
     # Streamed grid nodes: the inputs, not grid latents, travel from the first stage to
     # the last.
     "lean": get_recipe("lean").replace(edge_block_size=EDGE_BLOCK),
+    # The authors' recipe, bfloat16 stages (each casts the float32 parameters itself).
+    "deepmind-bf16": get_recipe("deepmind", "bf16").replace(edge_block_size=EDGE_BLOCK),
 }
 
 
@@ -88,29 +91,41 @@ def main() -> None:
     net = make_network(TINY, TASK.data_channels, TASK.output_channels)
     params = net.init(jax.random.PRNGKey(0), graph, example.inputs)
     weights = training.loss_weights(TASK, graphs.grid_lat, graphs.n_lon)
-    baseline = None  # one device, float32, no memory technique: what every case must give
+    references = {}
+
+    def reference(memory: MemoryConfig):
+        """One device's loss and gradient leaves, computed once per setting."""
+        if memory not in references:
+            loss, grads = loss_and_grad((params, graph, example), memory, weights)
+            references[memory] = loss, jax.tree_util.tree_leaves(grads)
+        return references[memory]
+
     for item in sys.argv[2].split(";"):
         if item.startswith("plan "):
             print(json.dumps(planned_step(parse_parallel_spec(item[5:]), graphs)), flush=True)
             continue
         spec, memory_name = item.split("@")
         layout, memory = parse_parallel_spec(spec), MEMORY[memory_name]
-        if baseline is None:
-            baseline = loss_and_grad((params, graph, example), MEMORY["none"], weights)
-        ref_loss, ref_grads = baseline
-        ref_leaves = jax.tree_util.tree_leaves(ref_grads)
+        # float32: one device's baseline (no technique); bfloat16: the same setting there.
+        ref_loss, ref_leaves = reference(
+            memory if memory.precision != "f32" else MEMORY["none"])
         mesh = make_mesh(layout)
         with use_layout(mesh, layout):
             loss, grads = loss_and_grad(place_step_args(mesh, params, graph, example), memory,
                                         weights)
         leaves = jax.tree_util.tree_leaves(grads)
-        rel = max(float(np.max(np.abs(a - b)) / (np.max(np.abs(b)) + 1e-30))
-                  for a, b in zip(leaves, ref_leaves))
-        print(json.dumps({
-            "layout": layout.spec, "memory": memory_name, "loss": float(loss),
-            "ref_loss": float(ref_loss),
-            "loss_rel": abs(float(loss) - float(ref_loss)) / abs(float(ref_loss)),
-            "grad_rel": rel}), flush=True)
+        rel, norm_rel = compare_leaves(leaves, ref_leaves)
+        record = {"case": item, "layout": layout.spec, "memory": memory_name,
+                  "loss": float(loss), "ref_loss": float(ref_loss),
+                  "loss_rel": abs(float(loss) - float(ref_loss)) / abs(float(ref_loss)),
+                  "grad_rel": rel, "grad_norm_rel": norm_rel}
+        if memory.precision != "f32":  # also against one device's float32 baseline
+            f32_loss, f32_leaves = reference(MEMORY["none"])
+            record.update(
+                loss_rel_f32=abs(float(loss) - float(f32_loss)) / abs(float(f32_loss)),
+                grad_norm_rel_f32=compare_leaves(leaves, f32_leaves)[1],
+                grad_cosine_f32=gradient_cosine(leaves, f32_leaves))
+        print(json.dumps(record), flush=True)
 
 
 if __name__ == "__main__":

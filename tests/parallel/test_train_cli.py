@@ -167,9 +167,12 @@ def test_pipeline_trains_like_one_device(capsys):
 
 
 def test_plan_over_devices_weighs_pipeline_stages_chosen_by_milp():
+    """In bfloat16: its stages cast the float32 parameters themselves (the stage programs
+    the planner sizes and the whole step it compiles). Float32 stages are planned in
+    tests/parallel/test_pipeline.py."""
     five_steps = [*TINY[:-1], "5"]
     result = gclab("plan", *five_steps, "--budget", "1GiB", "--devices", "2", "--batch", "2",
-                   "--recipes", "none", "--json")
+                   "--recipes", "none", "--precision", "bf16", "--json")
     (piped,) = [r for r in result["candidates"] if "pipeline" in r["parallel"]]
     stages, one = piped["stages"], piped["uniform"]
     assert sum(stages["stage_steps"]) == sum(one["stage_steps"]) == 5
