@@ -84,12 +84,14 @@ def plan_limits_gb(names: Sequence[str] = FIT_CARDS) -> dict[str, float]:
     """``{label: GB}`` of what a compiled plan may take on each card, for `plot_fit_chart`.
 
     The one rule of `gclab.devices`: `FIT_MARGIN` of the card's usable memory (JAX's pool,
-    0.75 of the card by default), not the printed size.
+    0.75 of the card by default), not the printed size. The value is in GB of 10^9 bytes, as
+    `plot_fit_chart` takes it; the label gives the same limit in binary units, as the byte
+    axis and the book's prose do (``"H100: 50.29 GiB"``).
     """
     out = {}
     for name in names:
-        gb = devices.FIT_MARGIN * devices.card_usable_bytes(name) / 1e9
-        out[f"{name}: {gb:.1f} GB"] = gb
+        limit = devices.FIT_MARGIN * devices.card_usable_bytes(name)
+        out[f"{name}: {format_bytes(limit)}"] = limit / 1e9
     return out
 
 _STEP_RE = re.compile(r" step (\d+)$")
@@ -424,6 +426,28 @@ def plot_heatmap(
     return fig
 
 
+def _card_labels(ax: Any, names: Sequence[str], ys: Sequence[float], colors: Any,
+                 fontsize: float = 8.0) -> None:
+    """Labels the card lines (`ys` ascending, in data units) at the right of `ax`, each at its
+    line's height unless it would overlap the label below it: then it moves up just far
+    enough. A thin stroke of the line's colour joins each label to its line, so that close
+    limits (the T4's and the L4's on an axis that reaches the 0.25 degree step) stay
+    readable and each label still points at its own line."""
+    lo, hi = ax.get_ylim()
+    height = ax.get_position().height * ax.figure.get_figheight() * 72  # axes height, points
+    gap = 1.3 * fontsize  # one line of text, in points
+    top = None
+    for name, y, color in zip(names, ys, colors, strict=True):
+        at = (y - lo) / (hi - lo) * height  # the line's height in points above the axes
+        spot = at if top is None else max(at, top + gap)
+        top = spot
+        ax.annotate(
+            name, (1.0, y), xycoords=("axes fraction", "data"), xytext=(8, spot - at),
+            textcoords="offset points", va="center", fontsize=fontsize, annotation_clip=False,
+            arrowprops=dict(arrowstyle="-", color=color, linewidth=0.8, shrinkA=0, shrinkB=1),
+        )
+
+
 def plot_fit_chart(
     df: pd.DataFrame,
     cards: Sequence[float] | Mapping[str, float] = CARD_GB,
@@ -458,18 +482,15 @@ def plot_fit_chart(
             fits = [i for i, (_, g) in enumerate(sizes) if v <= g * 1e9]
             colors.append(palette[fits[0]] if fits else "#d62728")
         ax.bar([str(v) for v in df[label]], df[value].to_numpy(dtype=float), color=colors)
-        for (name, gb), color in zip(sizes, palette, strict=True):
+        for (_, gb), color in zip(sizes, palette, strict=True):
             ax.axhline(gb * 1e9, color=color, linestyle="--", linewidth=1.0)
-            ax.annotate(
-                name, (1.0, gb * 1e9), xycoords=("axes fraction", "data"),
-                xytext=(2, 0), textcoords="offset points", va="center", fontsize=8,
-                annotation_clip=False,
-            )
         bytes_axis(ax.yaxis)
         ax.set_ylabel(value.replace("_", " "))
         ax.set_title(title)
         plt.setp(ax.get_xticklabels(), rotation=30, ha="right")
-        fig.tight_layout()
+        fig.tight_layout()  # first, so that the labels are spaced on the final axes height
+        _card_labels(ax, [name for name, _ in sizes], [gb * 1e9 for _, gb in sizes], palette)
+        fig.tight_layout()  # then again, to make room for them at the right
     return fig
 
 

@@ -478,6 +478,28 @@ def test_plot_fit_chart(tmp_path):
     _save(fig, tmp_path, "fit")
 
 
+def test_fit_chart_card_labels_in_gib_and_apart():
+    """The book's card lines are labelled in GiB, as the axis, and close limits do not
+    overlap (the T4's and the L4's on the 0.25 degree chart)."""
+    import matplotlib.pyplot as plt
+
+    from gclab import devices
+
+    cards = plots.plan_limits_gb()
+    for name, gb in cards.items():
+        card = name.split(":")[0]
+        limit = devices.FIT_MARGIN * devices.card_usable_bytes(card)
+        assert gb == limit / 1e9 and name == f"{card}: {format_bytes(limit)}", name
+    df = pd.DataFrame({"config": ["small", "huge"], "total_bytes": [5e9, 360e9]})
+    fig = plots.plot_fit_chart(df, cards=cards)
+    fig.canvas.draw()
+    text = matplotlib.text.Text.get_window_extent  # the label alone, not its stroke
+    boxes = sorted((text(t) for t in fig.axes[0].texts), key=lambda b: b.y0)
+    assert len(boxes) == len(cards)
+    assert all(a.y1 <= b.y0 + 0.5 for a, b in zip(boxes, boxes[1:])), boxes
+    plt.close(fig)
+
+
 def test_stage_colors_fixed():
     assert plots.stage_color("encoder") == plots.STAGE_COLORS["encoder"]
     assert plots.stage_color("processor step 2") == plots.STAGE_COLORS["processor"]
