@@ -14,6 +14,7 @@ stated in `tests/memory/test_techniques.py`.
 | `stream_grid_nodes` | grid-node latents are computed block by block where they are used (encoder edge blocks, decoder blocks) | no `[Ng, B, L]` array at all: memory no longer grows with the grid | the grid embedding runs once per grid2mesh edge and once more in the decoder |
 | `gather_after_matmul` | split the first layer of each edge MLP: `W [e, v_s, v_r] = W_e e + (W_s v)[s] + (W_r v)[r]` | no `[E, B, 3L]` concatenation; matmuls on nodes instead of edges | fewer FLOPs (nodes are fewer than edges) |
 | `precision` | `bf16`: bfloat16 activations and compute, float32 parameters, gradients and optimizer state; encoder edge sum in float32; what the backward pass keeps is bfloat16 (LayerNorm keeps only its input, scanned residuals are stored as uint16 bits so that XLA:CPU makes no float32 copy of them) | saved activations halved; XLA:CPU compiled temp 0.5-0.75x float32 (its kernels still compute in float32) | faster matmuls on GPU/TPU |
+| `recompute_layer_norm` | every LayerNorm keeps only its input for the backward pass and recomputes its float32 statistics there (a bfloat16 LayerNorm always does) | no float32 intermediates of the normalisation kept in a float32 step | the statistics once more per LayerNorm in the backward pass |
 | `float32_aggregation` | sum incoming messages in float32 everywhere (not only in the encoder) | one float32 `[N, B, L]` buffer per sum | small |
 | `rollout_remat` | each autoregressive step of a rollout under its own checkpoint | grows far slower than T | one extra forward per step |
 | `microbatches` | gradient accumulation over this many micro-batches | activations of B / k samples | none (sequential) |
@@ -62,6 +63,9 @@ class MemoryConfig:
       precision: `f32` or `bf16` (bfloat16 activations, float32 parameters and gradients).
         Roughly halves what the backward pass keeps; gradients change by bfloat16
         rounding (within the tolerances of `tests/test_techniques.py`).
+      recompute_layer_norm: every float32 LayerNorm keeps only its input for the backward
+        pass and recomputes its statistics there, as a bfloat16 one always does (off:
+        differentiated as written, as Haiku's LayerNorm in the official code is).
       float32_aggregation: sum messages in float32 everywhere (the encoder always does).
       rollout_remat: checkpoint each autoregressive step of a rollout.
       microbatches: gradient accumulation over this many micro-batches (1: off).
@@ -79,6 +83,7 @@ class MemoryConfig:
     gather_after_matmul: bool = False
     stream_grid_nodes: bool = False
     precision: str = "f32"
+    recompute_layer_norm: bool = False
     float32_aggregation: bool = False
     rollout_remat: bool = False
     microbatches: int = 1
@@ -96,7 +101,7 @@ class MemoryConfig:
             invalid(self, "remat_policy", "one of " + ", ".join(REMAT_POLICIES))
         for field in ("checkpoint_encoder", "checkpoint_decoder", "processor_edge_blocks",
                       "gather_after_matmul", "float32_aggregation", "rollout_remat", "donate",
-                      "stream_grid_nodes"):
+                      "stream_grid_nodes", "recompute_layer_norm"):
             if not isinstance(getattr(self, field), bool):
                 invalid(self, field, "True or False")
         if self.edge_block_size is not None and (

@@ -54,6 +54,7 @@ from gclab.model.layers import (
     mlp,
     mlp_concat,
     node_side,
+    recomputed_layer_norms,
 )
 from gclab.parallel.config import PIPELINE_AXIS, ParallelConfig
 from gclab.parallel.pipeline import active_pipeline, gpipe
@@ -652,7 +653,8 @@ def make_network(model: ModelConfig, data_channels: int, output_channels: int,
             # network here would be thrown away (op by op when `init` is not jitted, 10 s
             # for cpu-4x32 on 2 cores, against under 1 s for the parameters alone).
             return jnp.zeros((inputs.shape[0], inputs.shape[1], output_channels), jnp.float32)
-        return graphcast_forward(P, graph, inputs, mem)
+        with recomputed_layer_norms(mem.recompute_layer_norm):
+            return graphcast_forward(P, graph, inputs, mem)
 
     return hk.without_apply_rng(hk.transform(forward))
 
@@ -683,7 +685,8 @@ def make_stage_network(model: ModelConfig, data_channels: int, output_channels: 
             inputs = inputs.astype(compute_dtype(mem.precision))
         stages = pipeline_stages(model.processor_steps, mem, layout, *stage_runners(mem),
                                  shared=False)
-        return stages[stage]((P, graph), state, inputs)
+        with recomputed_layer_norms(mem.recompute_layer_norm):
+            return stages[stage]((P, graph), state, inputs)
 
     return hk.without_apply_rng(hk.transform(forward))
 

@@ -11,8 +11,10 @@ Shapes: E edges (or e, the edges of one block), N nodes, B batch, L latent.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import math
-from typing import Optional, Sequence
+from typing import Iterator, Optional, Sequence
 
 import haiku as hk
 import jax
@@ -77,16 +79,37 @@ class GNNParams(hk.Module):
 # Pure building blocks.
 
 
+# Whether float32 LayerNorms keep only their input (`MemoryConfig.recompute_layer_norm`).
+# A context variable rather than an argument: the LayerNorm sits at the end of every MLP,
+# which the network's stages call in many places, and the choice is one per network (set
+# by `gclab.model.graphcast` around each trace, as the pipeline layout is).
+_RECOMPUTE_LAYER_NORM = contextvars.ContextVar("gclab_recompute_layer_norm", default=False)
+
+
+@contextlib.contextmanager
+def recomputed_layer_norms(on: bool = True) -> Iterator[None]:
+    """Within: every float32 LayerNorm keeps only its input for the backward pass and
+    recomputes its statistics there, as a bfloat16 one always does."""
+    token = _RECOMPUTE_LAYER_NORM.set(bool(on))
+    try:
+        yield
+    finally:
+        _RECOMPUTE_LAYER_NORM.reset(token)
+
+
 def layer_norm(x: Array, scale: Array, offset: Array) -> Array:
     """LayerNorm over the last axis (biased variance, eps 1e-5); statistics in float32.
 
     Below float32 (bfloat16), the output is computed in float32 and rounded once to the
     input's dtype, and the backward pass keeps only the input: it recomputes the float32
-    statistics, so no float32 copy of a normalised activation is saved for it.
+    statistics, so no float32 copy of a normalised activation is saved for it. In float32
+    it is differentiated as written (as Haiku's LayerNorm is), unless
+    `recomputed_layer_norms` is active: then it too keeps only its input.
     """
-    if jnp.promote_types(x.dtype, jnp.float32) == x.dtype:
+    if (jnp.promote_types(x.dtype, jnp.float32) == x.dtype
+            and not _RECOMPUTE_LAYER_NORM.get()):
         return float32_layer_norm(x, scale, offset)
-    return _low_precision_layer_norm(x, scale, offset)
+    return _recomputing_layer_norm(x, scale, offset)
 
 
 def float32_layer_norm(x: Array, scale: Array, offset: Array) -> Array:
@@ -100,15 +123,15 @@ def float32_layer_norm(x: Array, scale: Array, offset: Array) -> Array:
 
 
 @jax.custom_vjp
-def _low_precision_layer_norm(x: Array, scale: Array, offset: Array) -> Array:
+def _recomputing_layer_norm(x: Array, scale: Array, offset: Array) -> Array:
     return float32_layer_norm(x, scale, offset)
 
 
-def _low_precision_layer_norm_fwd(x, scale, offset):
+def _recomputing_layer_norm_fwd(x, scale, offset):
     return float32_layer_norm(x, scale, offset), (x, scale, offset)
 
 
-def _low_precision_layer_norm_bwd(res, g):
+def _recomputing_layer_norm_bwd(res, g):
     x, scale, offset = res
     f32 = jnp.float32
     xf = x.astype(f32)  # [..., L]
@@ -125,7 +148,7 @@ def _low_precision_layer_norm_bwd(res, g):
     return dx.astype(x.dtype), d_scale.astype(scale.dtype), d_offset.astype(offset.dtype)
 
 
-_low_precision_layer_norm.defvjp(_low_precision_layer_norm_fwd, _low_precision_layer_norm_bwd)
+_recomputing_layer_norm.defvjp(_recomputing_layer_norm_fwd, _recomputing_layer_norm_bwd)
 
 
 def mlp_hidden(p: Params, h: Array) -> Array:

@@ -80,6 +80,9 @@ F32_TECHNIQUES = {
     "gather after matmul + blocks": MemoryConfig(gather_after_matmul=True, edge_block_size=257,
                                                  processor_edge_blocks=True),
     "float32 aggregation": MemoryConfig(float32_aggregation=True),
+    "recompute layer norm": MemoryConfig(recompute_layer_norm=True),
+    "recompute layer norm + remat every 2": MemoryConfig(
+        recompute_layer_norm=True, processor_remat="every", remat_group_size=2),
     "stream grid nodes": MemoryConfig(edge_block_size=300, stream_grid_nodes=True),
     "stream grid nodes + gather after matmul": MemoryConfig(
         edge_block_size=211, stream_grid_nodes=True, gather_after_matmul=True),
@@ -163,6 +166,7 @@ SAVINGS = {
     "edge blocks + processor": (MemoryConfig(edge_block_size=1024,
                                              processor_edge_blocks=True), 0.5),
     "gather after matmul": (MemoryConfig(gather_after_matmul=True), 0.97),
+    "recompute layer norm": (MemoryConfig(recompute_layer_norm=True), 0.9),
     "stream grid nodes": (MemoryConfig(edge_block_size=1024, stream_grid_nodes=True), 0.85),
     "recipe deepmind": (get_recipe("deepmind").replace(edge_block_size=1024), 0.7),
     "recipe lean": (get_recipe("lean").replace(edge_block_size=1024), 0.35),
