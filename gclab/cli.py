@@ -64,7 +64,7 @@ from gclab.sizing.planner import BUDGET_HELP, NothingFits, parse_budget, plan
 from gclab.sizing.step import StepSpec, compile_train_step, train_step_timeline
 from gclab.sizing.sweep import MEASURES, save_sweep, sweep
 from gclab.sizing.sweep import grid as sweep_grid
-from gclab.training.loop import DEFAULT_SCHEDULE_STEPS, train
+from gclab.training.loop import DEFAULT_SCHEDULE_STEPS, RestoreError, train
 from gclab.weather import (
     Checkpoint,
     CheckpointError,
@@ -90,6 +90,7 @@ PLOT_SUFFIXES = tuple(f".{ext}" for ext in sorted(FigureCanvasBase.get_supported
                       if ext != "pgf")
 SWEEP_SUFFIXES = (".json", ".csv")
 SWEEP_CACHE_ENV = "GCLAB_SWEEP_CACHE"
+STATS_NAMES = ("mean_by_level.nc", "stddev_by_level.nc", "diffs_stddev_by_level.nc")
 # argparse's own messages after "argument --x: " (the rest come from the types below).
 _ARGPARSE_PHRASES = ("expected ", "invalid choice", "ignored explicit argument", "not allowed")
 
@@ -292,9 +293,56 @@ def _stats_dir(text: str):
         return load_stats(text)
     except DataError as e:
         message = str(e)
-        for name in ("mean_by_level.nc", "stddev_by_level.nc", "diffs_stddev_by_level.nc"):
+        for name in STATS_NAMES:
             message = message.replace(str(Path(text) / name), name)
         raise _bad(text, _without_path(text, message)) from None
+
+
+class _Input(argparse.Action):
+    """An input option: `read` (an option type) reads it now, and the path as typed is
+    kept as `<dest>_path`, so that no output of the command replaces it (`_check_inputs_kept`).
+    """
+
+    def __init__(self, *args, read: Callable[[str], Any], **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.read = read
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        try:
+            setattr(namespace, self.dest, self.read(values))
+        except argparse.ArgumentTypeError as e:  # as argparse reports an option type's
+            raise argparse.ArgumentError(self, str(e)) from None
+        setattr(namespace, f"{self.dest}_path", values)
+
+
+def _input_files(args) -> list[tuple[str, str]]:
+    """(what the message calls it, path) of each input file of an `_Input` option given."""
+    files = []
+    for dest in ("data", "stats", "checkpoint", "init_checkpoint"):
+        text = getattr(args, f"{dest}_path", None)
+        if text is None:
+            continue
+        option = f"--{dest.replace('_', '-')} {_shown(text)}"
+        if dest == "stats":
+            files += [(f"{name} of {option}", os.path.join(text, name)) for name in STATS_NAMES]
+        else:
+            files.append((option, text))
+    return files
+
+
+def _same_file(a, b) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # one of them does not exist (yet)
+        return os.path.realpath(a) == os.path.realpath(b)
+
+
+def _check_inputs_kept(args, option: str, path) -> None:
+    """Refuses, before any work, an output `path` that is one of the command's inputs."""
+    for what, input_path in _input_files(args):
+        if _same_file(path, input_path):
+            raise UsageError(f"{option} {_shown(str(path))}: the same file as {what} (an "
+                             f"output may not replace an input of the command)")
 
 
 def _output_folder(text: str) -> Path:
@@ -309,6 +357,17 @@ def _output_folder(text: str) -> Path:
             check_writable_folder(path)
         except OutputPathError as e:
             raise _bad(text, e.reason) from None
+    return path
+
+
+def _stats_folder(text: str) -> Path:
+    """A folder to write the three statistics files into (`_output_folder`), each checked."""
+    path = _output_folder(text)
+    for name in STATS_NAMES if path.exists() else ():
+        try:
+            check_output_path(path / name)
+        except OutputPathError as e:
+            raise _bad(text, f"{path / name}: {e.reason}") from None
     return path
 
 
@@ -627,6 +686,16 @@ def _env_int(name: str) -> Optional[int]:
     return int(text)
 
 
+def _env_host_port(name: str) -> Optional[str]:
+    text = os.environ.get(name, "")
+    if not text:
+        return None
+    try:
+        return _host_port(text)
+    except argparse.ArgumentTypeError as e:
+        raise UsageError(f"{name}={e}") from None
+
+
 def start_devices(args) -> None:
     """Sets up the devices a layout needs, before JAX starts its backends.
 
@@ -656,6 +725,8 @@ def start_devices(args) -> None:
             raise UsageError(f"--parallel {_shown(args.parallel)}: {e}") from None
     processes = 1
     if hasattr(args, "num_processes"):
+        if args.coordinator is None:
+            _env_host_port("JAX_COORDINATOR_ADDRESS")
         processes = args.num_processes or _env_int("JAX_NUM_PROCESSES") or 1
         process_id = args.process_id if args.process_id is not None else _env_int(
             "JAX_PROCESS_ID")
@@ -706,17 +777,22 @@ def _train_sources(args):
 
 def cmd_train(args) -> int:
     layout = args.layout
+    if args.save_checkpoint is not None:
+        _check_inputs_kept(args, "--save-checkpoint", args.save_checkpoint)
     model, task, weather, init_params = _train_sources(args)
     memory = _resolve_memory(args, args.recipe)
     lead = jax.process_index() == 0
     progress = functools.partial(tqdm.tqdm, desc="gclab train", unit="step", file=sys.stderr,
                                  disable=not lead or None)
-    result = train(model, task, args.train_steps, batch=args.batch, rollout=args.rollout,
-                   memory=memory, parallel=layout, seed=args.seed,
-                   learning_rate=args.learning_rate, schedule_steps=args.schedule_steps,
-                   checkpoint_dir=None if args.checkpoint_dir is None
-                   else str(args.checkpoint_dir.resolve()),
-                   progress=progress, weather=weather, init_params=init_params)
+    try:
+        result = train(model, task, args.train_steps, batch=args.batch, rollout=args.rollout,
+                       memory=memory, parallel=layout, seed=args.seed,
+                       learning_rate=args.learning_rate, schedule_steps=args.schedule_steps,
+                       checkpoint_dir=None if args.checkpoint_dir is None
+                       else str(args.checkpoint_dir.resolve()),
+                       progress=progress, weather=weather, init_params=init_params)
+    except RestoreError as e:  # the checkpoint to resume from
+        raise UsageError(f"--checkpoint-dir {_shown(str(args.checkpoint_dir))}: {e}") from None
     if not lead:
         return 0
     if args.save_checkpoint is not None:
@@ -748,6 +824,7 @@ def cmd_train(args) -> int:
 
 
 def cmd_forecast(args) -> int:
+    _check_inputs_kept(args, "--out", args.out)
     ckpt = args.checkpoint
     model, task = ckpt.model, ckpt.task
     lat = np.linspace(-90.0, 90.0, model.n_lat)
@@ -769,6 +846,8 @@ def cmd_forecast(args) -> int:
 
 
 def cmd_stats(args) -> int:
+    for name in STATS_NAMES:
+        _check_inputs_kept(args, "--out", args.out / name)
     try:
         stats = compute_stats(args.data)
     except DataError as e:
@@ -879,13 +958,14 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--checkpoint-dir", type=_checkpoint_dir, metavar="DIR",
                    help="resume from the latest checkpoint in DIR, and save there at the end")
     g = p.add_argument_group("real weather and published weights")
-    g.add_argument("--data", type=_dataset, metavar="PATH",
+    g.add_argument("--data", action=_Input, read=_dataset, metavar="PATH",
                    help="train on this dataset (netCDF file or zarr folder, official layout) "
                    "instead of synthetic weather; needs --stats")
-    g.add_argument("--stats", type=_stats_dir, metavar="DIR",
+    g.add_argument("--stats", action=_Input, read=_stats_dir, metavar="DIR",
                    help="folder with mean_by_level.nc, stddev_by_level.nc, "
                    "diffs_stddev_by_level.nc")
-    g.add_argument("--init-checkpoint", type=_checkpoint_file, metavar="FILE.npz",
+    g.add_argument("--init-checkpoint", action=_Input, read=_checkpoint_file,
+                   metavar="FILE.npz",
                    help="start from these weights (published format); the checkpoint sets "
                    "the model and task")
     g.add_argument("--save-checkpoint", type=_output_file((".npz",)), metavar="FILE.npz",
@@ -896,13 +976,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("forecast", help="autoregressive forecast from a checkpoint and "
                        "official-layout weather")
-    p.add_argument("--checkpoint", type=_checkpoint_file, required=True, metavar="FILE.npz",
+    p.add_argument("--checkpoint", action=_Input, read=_checkpoint_file, required=True,
+                   metavar="FILE.npz",
                    help="a checkpoint in the published format (params, model_config, "
                    "task_config)")
-    p.add_argument("--data", type=_dataset, required=True, metavar="PATH",
+    p.add_argument("--data", action=_Input, read=_dataset, required=True, metavar="PATH",
                    help="netCDF file (or zarr folder) in the official layout: the first two "
                    "time steps are the inputs, the next ones give the forcings")
-    p.add_argument("--stats", type=_stats_dir, required=True, metavar="DIR",
+    p.add_argument("--stats", action=_Input, read=_stats_dir, required=True, metavar="DIR",
                    help="folder with mean_by_level.nc, stddev_by_level.nc, "
                    "diffs_stddev_by_level.nc")
     p.add_argument("--forecast-steps", type=_count(1), required=True, metavar="N",
@@ -912,9 +993,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_forecast)
 
     p = sub.add_parser("stats", help="normalisation statistics of a weather dataset")
-    p.add_argument("--data", type=_dataset, required=True, metavar="PATH",
+    p.add_argument("--data", action=_Input, read=_dataset, required=True, metavar="PATH",
                    help="netCDF file or zarr folder in the official layout")
-    p.add_argument("--out", type=_output_folder, required=True, metavar="DIR",
+    p.add_argument("--out", type=_stats_folder, required=True, metavar="DIR",
                    help="folder to write mean_by_level.nc, stddev_by_level.nc and "
                    "diffs_stddev_by_level.nc into")
     p.set_defaults(func=cmd_stats)

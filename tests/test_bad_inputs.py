@@ -62,7 +62,7 @@ def no_work(monkeypatch):
         raise AssertionError("work started before the input was checked")
 
     for name in ("load_or_build_graphs", "compile_train_step", "train_step_timeline", "sweep",
-                 "plan", "run_checks"):
+                 "plan", "run_checks", "train"):
         monkeypatch.setattr(cli, name, refuse)
 
 
@@ -313,6 +313,16 @@ def test_a_sweep_cache_that_is_a_file_is_refused(tmp_path, monkeypatch, capsys, 
     assert cli.main(["sweep", *TINY, "--out", str(tmp_path / "s.json")]) == 2
     assert f"GCLAB_SWEEP_CACHE={tmp_path / 'cache'}: not a directory" in one_line_error(
         capsys, "sweep")
+
+
+@pytest.mark.parametrize("address", ["garbage", "host:0", ":1234", "host:99999", " "])
+def test_a_malformed_coordinator_variable_is_one_line(address, monkeypatch, capsys, no_work):
+    monkeypatch.setenv("JAX_COORDINATOR_ADDRESS", address)
+    monkeypatch.setenv("JAX_NUM_PROCESSES", "1")
+    monkeypatch.setenv("JAX_PROCESS_ID", "0")
+    assert cli.main(["train", *TINY_NET, "--train-steps", "1"]) == 2
+    assert (f"JAX_COORDINATOR_ADDRESS={cli._shown(address)}: HOST:PORT with PORT in 1..65535"
+            in one_line_error(capsys, "train"))
 
 
 @pytest.mark.skipif(not Path("/dev/null").exists(), reason="needs /dev/null")

@@ -13,8 +13,14 @@ Shapes: Ng grid nodes, B batch, C data channels, O outputs, T rollout steps.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import gc
+import inspect
+import logging
 import os
+import sys
+import warnings
 from typing import Callable, Optional
 
 import jax
@@ -78,20 +84,126 @@ def schedule(steps: int, peak_learning_rate: float = 1e-3) -> TrainConfig:
                        total_steps=max(steps, 1))
 
 
+class RestoreError(ValueError):
+    """The latest checkpoint in a folder cannot be restored: damaged, or another model's.
+
+    The message names the step and what is wrong, not the folder (the caller names it).
+    """
+
+
 def _checkpoint_manager(directory: str) -> ocp.CheckpointManager:
     return ocp.CheckpointManager(os.path.abspath(directory),
-                                 options=ocp.CheckpointManagerOptions(max_to_keep=2))
+                                 options=ocp.CheckpointManagerOptions(max_to_keep=2),
+                                 item_handlers=ocp.StandardCheckpointHandler())
+
+
+def _without_abandoned_reads(hook: Callable) -> Callable:
+    """`sys.unraisablehook` `hook`, silent about the reads orbax abandons when one fails:
+    their tensorstore callbacks, completing in other threads, find the event loop closed,
+    and their coroutines raise again when they are collected."""
+
+    def hook_(unraisable) -> None:
+        error, where = unraisable.exc_value, unraisable.object
+        if not ((isinstance(error, RuntimeError) and str(error) == "Event loop is closed")
+                or (inspect.iscoroutine(where) and "orbax" in where.cr_code.co_filename)):
+            hook(unraisable)
+
+    hook_.without_abandoned_reads = True
+    return hook_
+
+
+@contextlib.contextmanager
+def _quiet_orbax():
+    """Orbax's logged warnings unsaid, and the noise of the reads it abandons when one fails
+    (asyncio's "exception was never retrieved", unraisable errors, "never awaited"). The
+    abandoned tasks and coroutines are collected here, on a failure; the unraisable errors
+    are silenced from the start, and after a failure for good: some come later, from
+    tensorstore's threads."""
+    loggers = [logging.getLogger(name) for name in ("absl", "asyncio")]
+    levels, hook = [logger.level for logger in loggers], sys.unraisablehook
+    for logger in loggers:
+        logger.setLevel(logging.CRITICAL)
+    if not getattr(hook, "without_abandoned_reads", False):
+        sys.unraisablehook = _without_abandoned_reads(hook)
+    try:
+        yield
+    except Exception:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "coroutine .* was never awaited", RuntimeWarning)
+            gc.collect()
+        raise
+    else:
+        sys.unraisablehook = hook
+    finally:
+        for logger, level in zip(loggers, levels):
+            logger.setLevel(level)
+
+
+def _reason(error: BaseException) -> str:
+    """The first line of the innermost cause of an orbax error (its outer ones are long)."""
+    while error.__cause__ is not None:
+        error = error.__cause__
+    line = str(error).strip().split("\n")[0]
+    line = line if len(line) <= 200 else line[:197] + "..."
+    return f"{type(error).__name__}: {line}" if line else type(error).__name__
+
+
+def _check_stored_shapes(manager: ocp.CheckpointManager, step: int, like: TrainState) -> None:
+    """Raises `RestoreError` unless step `step` holds arrays of `like`'s names and shapes."""
+    folder = os.path.join(str(manager.directory), str(step))
+    if os.path.isdir(folder) and not os.listdir(folder):
+        raise RestoreError(f"step {step} is an empty folder (no checkpoint in it)")
+    try:
+        stored = {m.name: tuple(m.shape)
+                  for m in jax.tree_util.tree_leaves(manager.item_metadata(step).tree)}
+    except Exception as e:  # noqa: BLE001 - orbax raises what its readers raise
+        raise RestoreError(f"step {step} is damaged or incomplete ({_reason(e)})") from None
+    wanted = {".".join(ocp.tree.str_keypath(path)): tuple(a.shape)
+              for path, a in jax.tree_util.tree_leaves_with_path(like)}
+    for name, shape in wanted.items():
+        if name not in stored:
+            raise RestoreError(f"step {step} holds a checkpoint of another model (it has no "
+                               f"{name})")
+        if stored[name] != shape:
+            raise RestoreError(f"step {step} holds a checkpoint of another model ({name} has "
+                               f"shape {stored[name]}, this model needs {shape})")
+    if len(stored) != len(wanted):
+        raise RestoreError(f"step {step} holds a checkpoint of another model ({len(stored)} "
+                           f"arrays, this model has {len(wanted)})")
 
 
 def restore_state(directory: str, like: TrainState) -> Optional[TrainState]:
-    """The latest `TrainState` saved under `directory`, laid out like `like`, or None."""
-    manager = _checkpoint_manager(directory)
-    step = manager.latest_step()
-    if step is None:
-        return None
-    target = jax.tree_util.tree_map(
-        lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), like)
-    restored = manager.restore(step, args=ocp.args.StandardRestore(target))
+    """The latest `TrainState` saved under `directory`, laid out like `like`, or None.
+
+    Host (numpy) leaves of `like`, such as published weights, are restored as a step
+    makes them: on the first local device, in JAX's dtype (float32 for float64 without x64).
+
+    Raises:
+      RestoreError: the latest checkpoint is damaged, empty, or of another model (arrays
+        of other names or shapes).
+    """
+    with _quiet_orbax():
+        manager = _checkpoint_manager(directory)
+        step = manager.latest_step()
+        if step is None:
+            return None
+        _check_stored_shapes(manager, step, like)
+        device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+
+        def target(a):  # a host leaf: as a step makes it (on the device, dtype as JAX's)
+            if isinstance(a, jax.Array):
+                return jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding)
+            return jax.ShapeDtypeStruct(a.shape, jax.dtypes.canonicalize_dtype(a.dtype),
+                                        sharding=device)
+
+        failure = None
+        try:
+            restored = manager.restore(step, args=ocp.args.StandardRestore(
+                jax.tree_util.tree_map(target, like)))
+        except Exception as e:  # noqa: BLE001 - orbax raises what its readers raise
+            failure = _reason(e)
+        if failure is not None:  # raised out here, so that no context keeps orbax's error
+            raise RestoreError(f"step {step} is damaged ({failure})")
     return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(like),
                                         jax.tree_util.tree_leaves(restored))
 
@@ -142,6 +254,8 @@ def train(model: ModelConfig, task: TaskConfig, steps: int, *, batch: int = 1,
     Raises:
       ValueError: a batch that does not fit the layout, a layout with more devices than
         JAX has, or `steps` < 1.
+      RestoreError: the latest checkpoint in `checkpoint_dir` is damaged or another
+        model's.
     """
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps={steps!r} is invalid: an integer >= 1")

@@ -25,6 +25,7 @@ channels, C input channels.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from typing import Mapping, NamedTuple, Optional, Union
@@ -206,9 +207,14 @@ def load_stats(folder: PathLike) -> Stats:
 
 
 def write_stats(stats: Stats, folder: PathLike) -> None:
-    """Writes the three statistics files into `folder` (each atomically)."""
-    for name, ds in zip(STATS_FILES.values(), stats):
-        write_dataset(ds, Path(folder) / name)
+    """Writes the three statistics files into `folder` as one set: all three to temporary
+    files first (`gclab.files.atomic_path`), renamed into place only once all are written,
+    so that a failed write leaves the old set whole, not a mix of old and new files."""
+    from gclab.files import atomic_path
+    with contextlib.ExitStack() as files:
+        for name, ds in zip(STATS_FILES.values(), stats):
+            ds.to_netcdf(files.enter_context(atomic_path(Path(folder) / name)),
+                         engine="h5netcdf")
 
 
 # ----------------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -35,12 +36,16 @@ def here(capsys, *argv: str) -> dict:
     return json.loads(capsys.readouterr().out)
 
 
-def gclab(*argv: str, extra_env: dict | None = None, wait: bool = True):
+def _env(extra_env: dict | None = None) -> dict:
     # The test process's XLA_FLAGS (tests/conftest.py) pass on unchanged, so a run here and
     # one in a child compile a step under one key of JAX's persistent cache.
-    env = dict(os.environ,
-               PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH"))
-                                          if p), **(extra_env or {}))
+    return dict(os.environ,
+                PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH"))
+                                           if p), **(extra_env or {}))
+
+
+def gclab(*argv: str, extra_env: dict | None = None, wait: bool = True):
+    env = _env(extra_env)
     cmd = [sys.executable, "-m", "gclab", *argv]
     if not wait:
         return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -81,6 +86,44 @@ def test_resumed_run_has_the_losses_of_an_uninterrupted_one(tmp_path, capsys):
                    ckpt, "--json")
     assert second["first_step"] == 2 and second["checkpoint_step"] == 4
     assert first["losses"] + second["losses"] == straight["losses"]
+
+
+def _truncate_data(step: Path) -> None:
+    for f in (step / "default" / "ocdbt.process_0" / "d").iterdir():
+        f.write_bytes(f.read_bytes()[:10])
+
+
+CHECKPOINT_DAMAGE = [
+    # (name, damage to the saved step 1 folder, model options, words of the message)
+    ("other_model", lambda step: None, [*TINY[:5], "8", *TINY[6:]],
+     ["step 1 holds a checkpoint of another model (params.grid2mesh_gnn/",
+      "has shape (16,), this model needs (8,))"]),
+    ("empty_step", lambda step: (step.parent / "5").mkdir(), TINY,
+     ["step 5 is an empty folder"]),
+    ("empty_metadata", lambda step: (step / "default" / "_METADATA").write_bytes(b""), TINY,
+     ["step 1 is damaged or incomplete (JSONDecodeError: "]),
+    ("truncated_data", _truncate_data, TINY, ["step 1 is damaged (ValueError: "]),
+]
+
+
+def test_a_checkpoint_that_cannot_be_resumed_is_one_line(tmp_path, capsys):
+    saved = tmp_path / "saved"
+    here(capsys, "train", *TINY, "--train-steps", "1", "--checkpoint-dir", str(saved), "--json")
+    for name, damage, model, words in CHECKPOINT_DAMAGE:
+        folder = tmp_path / name
+        shutil.copytree(saved, folder)
+        damage(folder / "1")
+        assert main(["train", *model, "--train-steps", "2", "--checkpoint-dir",
+                     str(folder)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"gclab train: error: --checkpoint-dir {folder}: "), err
+        assert err.count("\n") == 1 and all(w in err for w in words), err
+    # End to end: nothing after the line, not even the noise of orbax's abandoned reads.
+    proc = subprocess.run([sys.executable, "-m", "gclab", "train", *TINY, "--train-steps", "2",
+                           "--checkpoint-dir", str(tmp_path / "truncated_data")],
+                          capture_output=True, text=True, timeout=TIMEOUT, env=_env())
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr[-3000:]
+    assert "step 1 is damaged" in proc.stderr
 
 
 def report(stdout: str) -> dict:

@@ -97,12 +97,38 @@ def test_fine_tuning_with_a_memory_recipe_updates_the_weights(files, capsys, rec
     assert not np.array_equal(tuned[key], init[key])
 
 
+def test_resumed_fine_tuning_continues_as_an_uninterrupted_run(files, capsys, tmp_path):
+    """Resuming from an orbax checkpoint of a run that started from published weights."""
+    argv = ["train", "--init-checkpoint", str(files / "init.npz"), "--data",
+            str(files / "data.nc"), "--stats", str(files / "stats"), "--json"]
+
+    def run(*extra: str) -> dict:
+        capsys.readouterr()
+        assert cli.main([*argv, *extra]) == 0, capsys.readouterr().err[-3000:]
+        return json.loads(capsys.readouterr().out)
+
+    straight = run("--train-steps", "3", "--save-checkpoint", str(tmp_path / "straight.npz"))
+    ckpt = str(tmp_path / "ckpt")
+    first = run("--train-steps", "1", "--checkpoint-dir", ckpt)
+    second = run("--train-steps", "3", "--checkpoint-dir", ckpt, "--save-checkpoint",
+                 str(tmp_path / "resumed.npz"))
+    assert first["checkpoint_step"] == 1
+    assert second["first_step"] == 1 and second["checkpoint_step"] == 3
+    assert first["losses"] + second["losses"] == straight["losses"]
+    a, b = read_flat(tmp_path / "straight.npz"), read_flat(tmp_path / "resumed.npz")
+    for key in a:
+        if key.startswith("params:"):
+            assert a[key].tobytes() == b[key].tobytes(), key
+
+
 @pytest.mark.parametrize("extra, text", [
     (["--preset", "cpu-4x32"], "--preset: leave it out with --init-checkpoint"),
     (["--latent", "8"], "--latent: leave it out with --init-checkpoint"),
     (["--stats", None], "--data and --stats go together"),
     (["--rollout", "7"], "--rollout 7: the dataset has 8 time steps"),
     (["--save-checkpoint", "x.txt"], "must end in .npz"),
+    (["--save-checkpoint", "init.npz"],
+     "--save-checkpoint {root}/init.npz: the same file as --init-checkpoint {root}/init.npz"),
 ])
 def test_bad_fine_tuning_inputs_get_one_line(files, capsys, extra, text):
     argv = ["train", "--init-checkpoint", str(files / "init.npz"), "--data",
@@ -111,7 +137,10 @@ def test_bad_fine_tuning_inputs_get_one_line(files, capsys, extra, text):
         i = argv.index(extra[0])
         del argv[i:i + 2]
     else:
-        argv += [extra[0], str(files / extra[1]) if extra[1].endswith(".txt") else extra[1]]
+        argv += [extra[0], str(files / extra[1]) if extra[1].endswith((".txt", ".npz"))
+                 else extra[1]]
+    published = (files / "init.npz").read_bytes()
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and text in err, err
+    assert err.count("\n") == 1 and text.format(root=files) in err, err
+    assert (files / "init.npz").read_bytes() == published

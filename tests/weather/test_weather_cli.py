@@ -72,6 +72,11 @@ def _one_line(capsys, argv, text):
     ({"--forecast-steps": "3"}, "--forecast-steps 3: at most 2"),
     ({"--forecast-steps": "0"}, "--forecast-steps 0:"),
     ({"--out": "pred.txt"}, "--out {root}/pred.txt: the name must end in .nc"),
+    ({"--out": "data.nc"}, "--out {root}/data.nc: the same file as --data {root}/data.nc"),
+    ({"--out": "link.nc"}, "--out {root}/link.nc: the same file as --data {root}/data.nc"),
+    ({"--out": "good/mean_by_level.nc"},
+     "--out {root}/good/mean_by_level.nc: the same file as mean_by_level.nc of --stats "
+     "{root}/good"),
 ])
 def test_bad_forecast_inputs_get_one_line(files, capsys, change, text):
     root = files
@@ -86,6 +91,8 @@ def test_bad_forecast_inputs_get_one_line(files, capsys, change, text):
         (root / "badstats" / name).write_bytes((root / "good" / name).read_bytes())
     d = open_dataset(root / "good" / "diffs_stddev_by_level.nc").load()
     write_dataset(d.drop_vars("temperature"), root / "badstats" / "diffs_stddev_by_level.nc")
+    if not (root / "link.nc").is_symlink():
+        (root / "link.nc").symlink_to(root / "data.nc")
     capsys.readouterr()
     args = {"--checkpoint": "ckpt.npz", "--data": "data.nc", "--stats": "good",
             "--forecast-steps": "1", "--out": "pred2.nc"}
@@ -93,9 +100,15 @@ def test_bad_forecast_inputs_get_one_line(files, capsys, change, text):
     argv = ["forecast"]
     for k, v in args.items():
         argv += [k, v if k == "--forecast-steps" else str(root / v)]
-    before = sorted(p.name for p in root.iterdir())
+    before = _contents(root)
     _one_line(capsys, argv, text.format(root=root))
-    assert sorted(p.name for p in root.iterdir()) == before  # nothing written
+    assert _contents(root) == before  # nothing written
+
+
+def _contents(folder):
+    """Every file under `folder` (its relative path) and its bytes."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if p.is_file()}
 
 
 def test_bad_stats_inputs_get_one_line(files, capsys):
@@ -105,3 +118,35 @@ def test_bad_stats_inputs_get_one_line(files, capsys):
                        str(files / "ckpt.npz")], "a folder (this is a file)")
     _one_line(capsys, ["stats", "--data", str(files / "data.nc"), "--out",
                        str(files / "no" / "where")], "a folder whose parent exists")
+
+
+def test_stats_checks_its_three_files_before_any_work(files, capsys):
+    out = files / "in_the_way"
+    assert cli.main(["stats", "--data", str(files / "long.nc"), "--out", str(out)]) == 0
+    (out / "stddev_by_level.nc").unlink()
+    (out / "stddev_by_level.nc").mkdir()
+    before = _contents(out)
+    _one_line(capsys, ["stats", "--data", str(files / "data.nc"), "--out", str(out)],
+              f"--out {out}: {out}/stddev_by_level.nc: is a directory, not a file")
+    assert _contents(out) == before
+
+
+def test_a_failed_stats_write_leaves_the_old_set(files, capsys, monkeypatch):
+    import xarray
+
+    out = files / "old_set"
+    assert cli.main(["stats", "--data", str(files / "long.nc"), "--out", str(out)]) == 0
+    before = _contents(out)
+    written = []
+
+    def third_fails(ds, path, *args, **kwargs):  # the last of the three writes fails
+        written.append(path)
+        if len(written) == 3:
+            raise OSError(28, "No space left on device", str(path))
+        real(ds, path, *args, **kwargs)
+
+    real = xarray.Dataset.to_netcdf
+    monkeypatch.setattr(xarray.Dataset, "to_netcdf", third_fails)
+    assert cli.main(["stats", "--data", str(files / "data.nc"), "--out", str(out)]) == 1
+    assert "No space left on device" in capsys.readouterr().err
+    assert _contents(out) == before  # the old set, whole, and no temporary file
