@@ -66,6 +66,7 @@ from gclab.sizing.sweep import MEASURES, save_sweep, sweep
 from gclab.sizing.sweep import grid as sweep_grid
 from gclab.training.loop import DEFAULT_SCHEDULE_STEPS, RestoreError, train
 from gclab.weather import (
+    STATS_FILES,
     Checkpoint,
     CheckpointError,
     DataError,
@@ -90,7 +91,7 @@ PLOT_SUFFIXES = tuple(f".{ext}" for ext in sorted(FigureCanvasBase.get_supported
                       if ext != "pgf")
 SWEEP_SUFFIXES = (".json", ".csv")
 SWEEP_CACHE_ENV = "GCLAB_SWEEP_CACHE"
-STATS_NAMES = ("mean_by_level.nc", "stddev_by_level.nc", "diffs_stddev_by_level.nc")
+STATS_NAMES = tuple(STATS_FILES.values())  # the three statistics files of a folder
 # argparse's own messages after "argument --x: " (the rest come from the types below).
 _ARGPARSE_PHRASES = ("expected ", "invalid choice", "ignored explicit argument", "not allowed")
 

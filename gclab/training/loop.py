@@ -24,6 +24,7 @@ import warnings
 from typing import Callable, Optional
 
 import jax
+import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
 from gclab.config import ModelConfig, TaskConfig
@@ -173,10 +174,8 @@ def _check_stored_shapes(manager: ocp.CheckpointManager, step: int, like: TrainS
 
 
 def restore_state(directory: str, like: TrainState) -> Optional[TrainState]:
-    """The latest `TrainState` saved under `directory`, laid out like `like`, or None.
-
-    Host (numpy) leaves of `like`, such as published weights, are restored as a step
-    makes them: on the first local device, in JAX's dtype (float32 for float64 without x64).
+    """The latest `TrainState` saved under `directory`, laid out like `like` (JAX arrays),
+    or None.
 
     Raises:
       RestoreError: the latest checkpoint is damaged, empty, or of another model (arrays
@@ -188,18 +187,11 @@ def restore_state(directory: str, like: TrainState) -> Optional[TrainState]:
         if step is None:
             return None
         _check_stored_shapes(manager, step, like)
-        device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
-
-        def target(a):  # a host leaf: as a step makes it (on the device, dtype as JAX's)
-            if isinstance(a, jax.Array):
-                return jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding)
-            return jax.ShapeDtypeStruct(a.shape, jax.dtypes.canonicalize_dtype(a.dtype),
-                                        sharding=device)
-
+        target = jax.tree_util.tree_map(
+            lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), like)
         failure = None
         try:
-            restored = manager.restore(step, args=ocp.args.StandardRestore(
-                jax.tree_util.tree_map(target, like)))
+            restored = manager.restore(step, args=ocp.args.StandardRestore(target))
         except Exception as e:  # noqa: BLE001 - orbax raises what its readers raise
             failure = _reason(e)
         if failure is not None:  # raised out here, so that no context keeps orbax's error
@@ -270,8 +262,11 @@ def train(model: ModelConfig, task: TaskConfig, steps: int, *, batch: int = 1,
     optimizer = make_optimizer(schedule(schedule_steps, learning_rate))
     weights = loss_weights(task, graphs.grid_lat, graphs.n_lon)
     first = weather.make_batch(batch, rollout, batch_start(0, batch))
-    params = init_params if init_params is not None else net.init(
-        jax.random.PRNGKey(seed), graph, first.inputs)
+    # Given parameters (published weights are read as numpy arrays) go to the device now, in
+    # JAX's dtypes, as the first step would put them: the state is JAX arrays throughout,
+    # which a resumed run's restore lays its checkpoint out like.
+    params = (jax.tree_util.tree_map(jnp.asarray, init_params) if init_params is not None
+              else net.init(jax.random.PRNGKey(seed), graph, first.inputs))
     state = init_state_from_params(params, optimizer)
     mesh = None
     if parallel.devices > 1:

@@ -22,6 +22,7 @@ from gclab.weather.checkpoint import (
     write_checkpoint,
 )
 from gclab.weather.dataset import (
+    STATS_FILES,
     DataError,
     DatasetWeather,
     Stats,
@@ -42,7 +43,8 @@ from gclab.weather.dataset import (
 
 __all__ = [
     "Checkpoint", "CheckpointError", "OfficialTask", "from_flat", "read_checkpoint",
-    "read_flat", "to_flat", "write_checkpoint", "DataError", "DatasetWeather", "Stats",
+    "read_flat", "to_flat", "write_checkpoint", "STATS_FILES", "DataError", "DatasetWeather",
+    "Stats",
     "add_derived_vars",
     "channel_permutations", "check_dataset", "compute_stats", "load_stats",
     "normalization_from_stats", "open_dataset", "params_to_gclab_channels",
