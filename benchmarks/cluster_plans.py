@@ -24,7 +24,9 @@ file into `gclab/recordings/` (package data), which chapter 8 reads.
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -32,6 +34,9 @@ import jax
 
 MAX_DEVICES = 32
 jax.config.update("jax_num_cpu_devices", MAX_DEVICES)
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from fresh_clone import commit  # noqa: E402
 
 from gclab.config import get_preset  # noqa: E402
 from gclab.measure import format_bytes, machine  # noqa: E402
@@ -62,6 +67,10 @@ def plan_row(cluster: str, preset: str, batch: int, precision: str,
     except NothingFits as e:
         row.update(fits=False, explanation=str(e), candidates=e.candidates)
     row["seconds"] = round(time.perf_counter() - start, 1)
+    # Each row names when and from which commit it was planned: `--append` keeps rows of
+    # earlier runs beside new ones under one file-level hardware record.
+    row["date"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
+    row["commit"] = commit()
     return row
 
 
@@ -72,8 +81,10 @@ def _key(row: dict) -> tuple:
 def merged(rows: list, preset: str) -> list:
     """`rows` with the recorded rows of questions not among them, in cluster order."""
     mine = {_key(r) for r in rows}
-    old = json.loads(OUTPUTS[0].read_text())["rows"] if OUTPUTS[0].is_file() else []
-    rows = rows + [r for r in old if _key(r) not in mine]
+    old = json.loads(OUTPUTS[0].read_text()) if OUTPUTS[0].is_file() else {"rows": []}
+    # Rows recorded before rows carried their own date keep the date of their file.
+    dated = [{"date": old["hardware"]["date"], **r} for r in old["rows"]]
+    rows = rows + [r for r in dated if _key(r) not in mine]
     order = list(CLUSTERS)
     return sorted(rows, key=lambda r: (order.index(r["cluster"]), r["precision"] != "f32",
                                        r["batch"]))
