@@ -261,6 +261,7 @@ def from_flat(flat: Mapping[str, np.ndarray], path: str = "checkpoint") -> Check
         if not sep or name not in PARAM_NAMES:
             raise CheckpointError(f"{path}: unknown key {key!r}: parameter keys are "
                                   f"params{SEP}<module path>{SEP}<{'|'.join(PARAM_NAMES)}>")
+        _check_values(key, value, path)
         official_params.setdefault(module, {})[name] = value
     if not official_params:
         raise CheckpointError(f"{path}: no parameters (no key starts with 'params{SEP}')")
@@ -272,6 +273,19 @@ def from_flat(flat: Mapping[str, np.ndarray], path: str = "checkpoint") -> Check
     return Checkpoint(params, model, task, official_task,
                       _scalar(flat, "description", "U", path),
                       _scalar(flat, "license", "U", path))
+
+
+def _check_values(key: str, value: np.ndarray, path: str) -> None:
+    """Refuses a parameter that is not floating point or holds NaN or infinity (the network
+    would compute NaN, or cast integers silently)."""
+    if value.dtype.kind != "f":
+        raise CheckpointError(f"{path}: {key} has dtype {value.dtype}; parameters must be "
+                              f"floating point")
+    finite = np.isfinite(value)
+    if not finite.all():
+        i = np.unravel_index(np.argmin(finite), value.shape)
+        raise CheckpointError(f"{path}: {key} holds a non-finite value ({value[i]:g}) at "
+                              f"index {tuple(int(j) for j in i)}; parameters must be finite")
 
 
 def check_params(params: Mapping, model: ModelConfig, task: TaskConfig,
@@ -321,7 +335,8 @@ def read_checkpoint(path: PathLike) -> Checkpoint:
 
     Raises:
       CheckpointError: the file is missing, not an `.npz`, or has a missing, unknown or
-        malformed key (the message names it).
+        malformed key, or a parameter that is not floating point or not finite (the
+        message names it).
     """
     return from_flat(read_flat(path), str(path))
 

@@ -26,9 +26,12 @@ channels, C input channels.
 from __future__ import annotations
 
 import contextlib
+import gzip
+import lzma
 import os
+import zlib
 from pathlib import Path
-from typing import Mapping, NamedTuple, Optional, Union
+from typing import Iterator, Mapping, NamedTuple, Optional, Union
 
 import numpy as np
 
@@ -54,10 +57,44 @@ STATS_FILES = {"mean": "mean_by_level.nc", "stddev": "stddev_by_level.nc",
                "diffs_stddev": "diffs_stddev_by_level.nc"}
 SECONDS_PER_DAY = 86400
 PROGRESS = ("year_progress", "day_progress")
+#: The variables gclab reads from a dataset and from the mean and standard deviation files;
+#: the 6-hour-change file is read for the targets only.
+INPUT_VARIABLES = (SURFACE_VARIABLES + ATMOSPHERIC_VARIABLES + FORCING_VARIABLES
+                   + STATIC_VARIABLES)
+TARGET_VARIABLES = SURFACE_VARIABLES + ATMOSPHERIC_VARIABLES
+#: GraphCast's step between frames, which the time axis of a dataset must have.
+FRAME_STEP = np.timedelta64(int(HOURS_PER_FRAME * 3600), "s")
+# What a damaged chunk of a zarr store raises while it is decoded (zarr 3, numcodecs 0.16):
+# the Blosc, Zstd and LZ4 decoders RuntimeError; zlib `zlib.error`; gzip `BadGzipFile` or,
+# cut short, EOFError; LZMA `LZMAError`; a chunk that decodes to the wrong number of bytes
+# (uncompressed, or a codec that does not check) ValueError from zarr's reshape. Only the
+# read is guarded by these, so no other error is renamed; an unreadable file (OSError) keeps
+# the command line's report of the file.
+CHUNK_ERRORS = (RuntimeError, ValueError, EOFError, zlib.error, gzip.BadGzipFile,
+                lzma.LZMAError)
 
 
 class DataError(ValueError):
     """A dataset or statistics file gclab cannot use: one line naming the file and field."""
+
+
+def _source(ds) -> str:
+    """The file or store a dataset was opened from (`open_dataset`), for messages; "dataset"
+    for one made in memory. xarray keeps `encoding` through selections and assignments."""
+    return str(ds.encoding.get("source", "dataset"))
+
+
+@contextlib.contextmanager
+def _reading(where: str, name) -> Iterator[None]:
+    """Turns a damaged chunk met while reading variable `name` into a `DataError`."""
+    try:
+        yield
+    except DataError:
+        raise
+    except CHUNK_ERRORS as e:
+        first = str(e).splitlines()[0] if str(e) else ""
+        raise DataError(f"{where}: variable {name!r} could not be read, a chunk of it is "
+                        f"damaged ({type(e).__name__}: {first})") from None
 
 
 def _xarray():
@@ -171,9 +208,10 @@ def open_dataset(path: PathLike):
     if "latitude" in ds.dims or "longitude" in ds.dims:  # WeatherBench2's names
         from gclab.weather.era5 import to_official_layout
         try:
-            return to_official_layout(ds)
+            ds = to_official_layout(ds)
         except DataError as e:
             raise DataError(f"{path}: {e}") from None
+    ds.encoding["source"] = str(path)  # as the user gave it: messages name it (`_source`)
     return ds
 
 
@@ -198,12 +236,40 @@ class Stats(NamedTuple):
 
 
 def load_stats(folder: PathLike) -> Stats:
-    """Reads `mean_by_level.nc`, `stddev_by_level.nc`, `diffs_stddev_by_level.nc`."""
+    """Reads `mean_by_level.nc`, `stddev_by_level.nc`, `diffs_stddev_by_level.nc`.
+
+    Raises:
+      DataError: a file is missing or unreadable, or a value gclab would use is not a finite
+        mean or a finite standard deviation > 0 (the message names the file and variable).
+    """
     folder = Path(folder)
     if not folder.is_dir():
         raise DataError(f"{folder}: not a folder (the statistics folder holds "
                         f"{', '.join(STATS_FILES.values())})")
-    return Stats(*(open_dataset(folder / name).load() for name in STATS_FILES.values()))
+    stats = Stats(*(open_dataset(folder / name).load() for name in STATS_FILES.values()))
+    for kind, ds in zip(STATS_FILES, stats):
+        names = TARGET_VARIABLES if kind == "diffs_stddev" else INPUT_VARIABLES
+        for name in names:  # an absent one is named with the task (`normalization_from_stats`)
+            if name in ds.data_vars:
+                _check_stat(ds[name], kind, f"{folder / STATS_FILES[kind]}: {name!r}")
+    return stats
+
+
+def _check_stat(v, kind: str, what: str) -> None:
+    """Refuses a statistic that would make normalised values infinite or NaN: a mean that is
+    not finite, a standard deviation that is not finite and > 0. `what` names file and
+    variable."""
+    if v.dtype.kind not in "iuf":
+        raise DataError(f"{what} must hold numbers, it holds {v.dtype}")
+    values = np.asarray(v.values, np.float64)
+    bad = ~np.isfinite(values) if kind == "mean" else ~(np.isfinite(values) & (values > 0))
+    if bad.any():
+        i = np.unravel_index(np.argmax(bad), values.shape)
+        at = "".join(f" at {d} {v.coords[d].values[j]}" if d in v.coords else f" at {d} {j}"
+                     for d, j in zip(v.dims, i))
+        allowed = ("a mean must be finite" if kind == "mean" else
+                   "a standard deviation must be a finite number > 0")
+        raise DataError(f"{what}{at} is {values[i]:g} ({allowed})")
 
 
 def write_stats(stats: Stats, folder: PathLike) -> None:
@@ -258,25 +324,72 @@ def compute_stats(ds) -> Stats:
     """Mean, standard deviation and standard deviation of the 6-hour change by level.
 
     Every data variable is reduced over all its dims but `level` (plain means, each grid
-    point counting once); the differences are taken along `time` (consecutive frames,
-    assumed 6 hours apart) for variables that have it.
+    point counting once); the differences are taken along `time` (consecutive frames, which
+    `check_times` makes sure are 6 hours apart) for variables that have it. A lazy dataset
+    is read one variable at a time, its three statistics in one pass.
+
+    Raises:
+      DataError: the time axis is not 6-hourly, a chunk is damaged, or a variable gclab
+        uses holds a value that is not finite (other variables skip NaN, as xarray does);
+        the message names the file, the variable and, for a value, the first time step.
     """
+    xarray = _xarray()
+    where = _source(ds)
+    check_times(ds, where)
     ds = add_derived_vars(ds) if "datetime" in ds.coords else ds
-    ds = ds.drop_vars([c for c in ("datetime",) if c in ds.coords])
+    out: tuple = ({}, {}, {})  # mean, stddev, diffs_stddev: {variable: statistic}
+    for name, v in ds.data_vars.items():
+        if v.dtype.kind not in "biuf" and name not in INPUT_VARIABLES:
+            continue  # not weather (labels, times): no statistics, as no channel reads it
+        _check_numbers(v, where)
+        dims = [x for x in v.dims if x != "level"]
+        # gclab's variables propagate a NaN (found below); others skip it, as before.
+        skipna = False if name in INPUT_VARIABLES else None
+        v64 = v.astype(np.float64)
+        parts = {"mean": v64.mean(dims, skipna=skipna), "std": v64.std(dims, skipna=skipna)}
+        if "time" in v.dims:
+            parts["diffs"] = v64.diff("time").std(dims, skipna=skipna)
+        parts = {k: x.drop_vars([c for c in x.coords if c != "level"])
+                 for k, x in parts.items()}
+        with _reading(where, name):
+            got = xarray.Dataset(parts).compute()  # one read of the variable for all three
+        if skipna is False and not all(np.isfinite(x.values).all()
+                                       for x in got.data_vars.values()):
+            raise DataError(_first_not_finite(ds, name, where))
+        for stats, key in zip(out, ("mean", "std", "diffs")):
+            if key in got:
+                stats[name] = got[key]
+    return Stats(*(xarray.Dataset(s) for s in out))
 
-    def reduce(d, fn):
-        return d.map(lambda v: fn(v, dim=[x for x in v.dims if x != "level"]))
 
-    mean = reduce(ds, lambda v, dim: v.astype(np.float64).mean(dim))
-    std = reduce(ds, lambda v, dim: v.astype(np.float64).std(dim))
-    timed = ds[[k for k, v in ds.data_vars.items() if "time" in v.dims]]
-    diffs = timed.astype(np.float64).diff("time")
-    diffs_std = reduce(diffs, lambda v, dim: v.std(dim))
-    return Stats(*(s.drop_vars([c for c in s.coords if c != "level"]).compute()
-                   for s in (mean, std, diffs_std)))
+def _check_numbers(var, where: str) -> None:
+    """Refuses a variable of strings, dates or objects before it is read as numbers (the
+    conversion would fail inside the read, where it would pass for a damaged chunk)."""
+    if var.dtype.kind not in "biuf":
+        raise DataError(f"{where}: variable {var.name!r} must hold numbers, it holds "
+                        f"{var.dtype}")
 
 
-def _value(stats_ds, name: str, level, what: str) -> float:
+def _first_not_finite(ds, name: str, where: str) -> str:
+    """The message for variable `name` of a dataset whose statistics are not finite: its
+    first time step with a value that is not finite (a second read, on this error only)."""
+    v = ds[name]
+    keep = [d for d in ("time", "batch") if d in v.dims]
+    with _reading(where, name):
+        bad = ~np.isfinite(v)
+        others = [d for d in v.dims if d not in keep]
+        bad = (bad.any(others) if others else bad).transpose(*keep).values  # [T, B]
+        i = dict(zip(keep, (int(j) for j in np.argwhere(bad)[0])))
+        values = np.asarray(v.isel(i).values)
+    value = values[~np.isfinite(values)][0]
+    if "time" not in i:
+        return _non_finite(where, name, value)
+    row = i["batch"] if v.sizes.get("batch", 1) > 1 else None
+    return _non_finite(where, name, value, i["time"],
+                       _datetime(ds.coords, i["time"], i.get("batch", 0)), row)
+
+
+def _value(stats_ds, name: str, level, what: str, kind: str) -> float:
     if name not in stats_ds.data_vars:
         raise DataError(f"{what}: no variable {name!r} (it needs every input, target and "
                         f"forcing variable)")
@@ -288,17 +401,21 @@ def _value(stats_ds, name: str, level, what: str) -> float:
     if v.ndim:
         raise DataError(f"{what}: {name!r} must be a number per level, it has dims "
                         f"{v.dims}")
+    _check_stat(v, kind, f"{what}: {name!r}" + ("" if level is None else f" at level {level}"))
     return float(v.values)
 
 
 def normalization_from_stats(stats: Stats, task: TaskConfig) -> Normalization:
     """gclab's `Normalization` from the three official statistics datasets."""
-    names = list(STATS_FILES.values())
-    mean_in = [_value(stats.mean, n, p, names[0]) for n, _, p in input_channels(task)]
-    std_in = [_value(stats.stddev, n, p, names[1]) for n, _, p in input_channels(task)]
-    mean_t = [_value(stats.mean, n, p, names[0]) for n, p in target_channels(task)]
-    std_t = [_value(stats.stddev, n, p, names[1]) for n, p in target_channels(task)]
-    diff_t = [_value(stats.diffs_stddev, n, p, names[2]) for n, p in target_channels(task)]
+    def values(kind: str, channels) -> list:
+        ds = getattr(stats, kind)
+        return [_value(ds, n, p, STATS_FILES[kind], kind) for n, p in channels]
+
+    inputs = [(n, p) for n, _, p in input_channels(task)]
+    targets = target_channels(task)
+    mean_in, std_in = values("mean", inputs), values("stddev", inputs)
+    mean_t, std_t = values("mean", targets), values("stddev", targets)
+    diff_t = values("diffs_stddev", targets)
     f = np.asarray
     return Normalization(f(mean_in), f(std_in), f(mean_t), f(std_t), f(diff_t),
                          f(diff_t) / f(std_t), residual_channels(task))
@@ -308,17 +425,67 @@ def normalization_from_stats(stats: Stats, task: TaskConfig) -> Normalization:
 # Examples.
 
 
+def check_times(ds, what: Optional[str] = None) -> None:
+    """Refuses a time axis GraphCast cannot step along: times that are not 6 hours apart,
+    out of order or repeated, in `datetime` (per batch row) or in `time` (lead times).
+
+    Only the coordinates are read (they are in memory once a dataset is open).
+
+    Raises:
+      DataError: naming the file (`what`, by default the file the dataset was opened from),
+        the coordinate and the first pair of time steps that are not 6 hours apart.
+    """
+    what = what or _source(ds)
+    for name in ("datetime", "time"):
+        if name not in ds.coords or "time" not in ds.coords[name].dims:
+            continue
+        coord = ds.coords[name]
+        if coord.dtype.kind not in "mM" or coord.sizes["time"] < 2:
+            continue  # no times to step along (a `time` of integers is left as it was)
+        values = coord.transpose(..., "time").values  # [..., T]
+        gaps = np.diff(values, axis=-1)  # [..., T - 1]
+        bad = np.isnat(gaps) | (gaps != FRAME_STEP)
+        if not bad.any():
+            continue
+        *row, t = np.argwhere(bad)[0]  # the first (batch row,) time step
+        where = f" of batch row {row[0]}" if row and values.shape[0] > 1 else ""
+        a, b = values[tuple(row)][t], values[tuple(row)][t + 1]
+        gap = gaps[tuple(row)][t]
+        if np.isnat(gap):
+            problem = f"has no value (NaT) at time step {t + 1 if np.isnat(b) else t}"
+        elif gap == np.timedelta64(0):
+            problem = f"repeats {_when(a)} at time steps {t} and {t + 1}"
+        elif gap < np.timedelta64(0):
+            problem = (f"is out of order: time step {t + 1} ({_when(b)}) comes before time "
+                       f"step {t} ({_when(a)})")
+        else:
+            problem = (f"has time steps {gap / np.timedelta64(1, 'h'):g} hours apart (time "
+                       f"steps {t} and {t + 1})")
+        raise DataError(f"{what}: {name}{where} {problem}; GraphCast's time steps are "
+                        f"{HOURS_PER_FRAME:g} hours apart, in increasing order")
+
+
+def _when(value) -> str:
+    """A datetime to the minute, or a lead time in hours."""
+    if np.issubdtype(value.dtype, np.datetime64):
+        return str(value.astype("datetime64[m]"))
+    return f"{value / np.timedelta64(1, 'h'):g} h"
+
+
 def check_dataset(ds, task: TaskConfig, grid_lat: Optional[np.ndarray] = None,
-                  grid_lon: Optional[np.ndarray] = None, what: str = "dataset"):
+                  grid_lon: Optional[np.ndarray] = None, what: Optional[str] = None):
     """Selects the task's levels and adds derived forcings; names a missing part.
 
     Returns the dataset with `level` in `task.pressure_levels` order and the progress
-    forcings added.
+    forcings added. Messages start with `what`, by default the file the dataset was opened
+    from (`open_dataset`).
     """
+    what = what or _source(ds)
     for dim in ("time", "lat", "lon"):
         if dim not in ds.dims:
             raise DataError(f"{what}: no {dim!r} dimension (dims are {sorted(ds.dims)}; "
                             f"the official layout has batch, time, lat, lon, level)")
+    check_times(ds, what)
     if "level" not in ds.coords:
         raise DataError(f"{what}: no 'level' coordinate")
     missing = sorted(set(task.pressure_levels) - set(ds.coords["level"].values.tolist()))
@@ -347,29 +514,86 @@ def check_dataset(ds, task: TaskConfig, grid_lat: Optional[np.ndarray] = None,
     return add_derived_vars(ds)
 
 
-def _grid(var, frames: slice) -> np.ndarray:
-    """A variable's frames as [T, Ng, B] or [T, Ng, B, levels] (float32, as stored)."""
+def _grid(var, frames: slice, where: str, used: slice = slice(None)) -> np.ndarray:
+    """A variable's frames as [T, Ng, B] or [T, Ng, B, levels] (float32, as stored).
+
+    The frames are checked as they are read (a dataset may be streamed, larger than
+    memory): a damaged chunk, or a value that is not finite in the frames `used` (rows of
+    the T read) is a `DataError` naming `where` (the file), the variable and the first time
+    step that has one.
+    """
     dims = [d for d in ("time", "lat", "lon", "batch", "level") if d in var.dims]
     if "batch" not in var.dims:
         var = var.expand_dims("batch")
         dims.insert(3, "batch")
     if "time" in var.dims:
         var = var.isel(time=frames)
-    a = np.asarray(var.transpose(*dims).values, np.float32)
+    var = var.transpose(*dims)
+    _check_numbers(var, where)
+    with _reading(where, var.name):
+        a = np.asarray(var.values, np.float32)
     if "time" not in dims:
         a = a[None]
+    finite = np.isfinite(a[used])
+    if not finite.all():
+        raise DataError(_not_finite(var, a[used], finite, used.start or 0,
+                                    frames.start or 0, where))
     T, n_lat, n_lon = a.shape[:3]
     return a.reshape((T, n_lat * n_lon) + a.shape[3:])
 
 
-def _targets(ds, task: TaskConfig, frames: slice) -> np.ndarray:
-    """Target variables [T, Ng, B, O] in gclab order."""
-    parts = [_grid(ds[v], frames)[..., None] for v in SURFACE_VARIABLES]
-    parts += [_grid(ds[v], frames) for v in ATMOSPHERIC_VARIABLES]
+def _not_finite(var, a: np.ndarray, finite: np.ndarray, row: int, start: int,
+                where: str) -> str:
+    """The message for the first value that is not finite in frames `a` of `var` (dims
+    `var.dims`, time first; `a` starts at row `row` of `var`, which starts at time step
+    `start` of the file): the file, the variable, the time step, its datetime, the value."""
+    i = np.unravel_index(np.argmin(finite), a.shape)
+    if "time" not in var.dims:
+        return _non_finite(where, var.name, a[i])
+    pos = dict(zip(var.dims, (int(j) for j in i)))
+    t = row + pos["time"]  # in `var`, whose `datetime` holds the frames read
+    batch_row = pos["batch"] if var.sizes["batch"] > 1 else None
+    return _non_finite(where, var.name, a[i], start + t, _datetime(var.coords, t, pos["batch"]),
+                       batch_row)
+
+
+def _datetime(coords, t: int, b: int) -> Optional[str]:
+    """The `datetime` of time step `t` of batch row `b`, to the minute, or None."""
+    if "datetime" not in coords:
+        return None
+    dt = coords["datetime"]
+    dt = dt.isel({d: i for d, i in (("time", t), ("batch", b)) if d in dt.dims})
+    return str(dt.values.astype("datetime64[m]")) if dt.ndim == 0 else None
+
+
+def _non_finite(where: str, name, value, step: Optional[int] = None,
+                when: Optional[str] = None, row: Optional[int] = None) -> str:
+    """'FILE: variable NAME holds a non-finite value (nan) at time step T (WHEN) of batch
+    row B', the time step left out for a variable without time."""
+    text = f"{where}: variable {name!r} holds a non-finite value ({value:g})"
+    if step is not None:
+        text += f" at time step {step}" + (f" ({when})" if when else "")
+    return text + (f" of batch row {row}" if row is not None else "")
+
+
+def _targets(ds, task: TaskConfig, frames: slice, where: str,
+             check_targets: bool) -> np.ndarray:
+    """Target variables [T + 2, Ng, B, O] in gclab order (two input frames, T targets).
+
+    The values used must be finite: an input variable's input frames, and every variable's
+    target frames where `check_targets`.
+    """
+    targets = target_channels(task)
+    inputs = {targets[i][0] for i in input_variable_channels(task)}
+    parts = []
+    for v in SURFACE_VARIABLES + ATMOSPHERIC_VARIABLES:
+        used = slice(0 if v in inputs else 2, None if check_targets else 2)
+        a = _grid(ds[v], frames, where, used)
+        parts.append(a[..., None] if v in SURFACE_VARIABLES else a)
     return np.concatenate(parts, -1)
 
 
-def _forcings(ds, frames: slice, n_nodes: int, n_lon: int) -> np.ndarray:
+def _forcings(ds, frames: slice, n_nodes: int, n_lon: int, where: str) -> np.ndarray:
     """Forcings [T, Ng, B, 5] in `FORCING_VARIABLES` order."""
     out = []
     for name in FORCING_VARIABLES:
@@ -378,29 +602,37 @@ def _forcings(ds, frames: slice, n_nodes: int, n_lon: int) -> np.ndarray:
             var = var.expand_dims(lat=ds.sizes["lat"])
         if "lon" not in var.dims:
             var = var.expand_dims(lon=n_lon)
-        out.append(_grid(var, frames))
+        out.append(_grid(var, frames, where))
     return np.stack(out, -1)
 
 
-def raw_example(ds, task: TaskConfig, start: int = 0, rollout: int = 1) -> RawExample:
+def raw_example(ds, task: TaskConfig, start: int = 0, rollout: int = 1,
+                check_targets: bool = True) -> RawExample:
     """The `RawExample` whose input frames are `start`, `start + 1` of a checked dataset.
 
     Targets are frames `start + 2 .. start + rollout + 1`; a forcing row past the end of
-    the dataset (the last row, which no step uses) repeats the last frame's.
+    the dataset (the last row, which no step uses) repeats the last frame's. Only these
+    frames are read, and checked as they are: a damaged chunk, or a value that is not
+    finite in the inputs, forcings, statics or (`check_targets`, for training) the target
+    frames, is a `DataError` naming the file, the variable and the time step. A forecast
+    uses only the target frames' forcings: the weather of frames not yet observed may be
+    NaN (as in the official rollout's `targets_template`).
     """
     n = ds.sizes["time"]
     if start < 0 or start + rollout + 2 > n:
         raise DataError(f"the dataset has {n} time steps; inputs at {start}, {start + 1} "
                         f"and {rollout} target step(s) need {start + rollout + 2}")
+    where = _source(ds)
     t = start + 1
     n_lon = ds.sizes["lon"]
     n_nodes = ds.sizes["lat"] * n_lon
-    frames = _targets(ds, task, slice(t - 1, t + rollout + 1))  # [T + 2, Ng, B, O]
+    frames = _targets(ds, task, slice(t - 1, t + rollout + 1), where,
+                      check_targets)  # [T + 2, Ng, B, O]
     stop = min(n, t + rollout + 2)
-    forc = _forcings(ds, slice(t - 1, stop), n_nodes, n_lon)  # [<= T + 3, Ng, B, 5]
+    forc = _forcings(ds, slice(t - 1, stop), n_nodes, n_lon, where)  # [<= T + 3, Ng, B, 5]
     if forc.shape[0] < rollout + 3:
         forc = np.concatenate([forc, forc[-1:]], 0)
-    statics = np.concatenate([_grid(ds[s], slice(None)) [..., None]
+    statics = np.concatenate([_grid(ds[s], slice(None), where) [..., None]
                               for s in STATIC_VARIABLES], -1)[0]  # [Ng, 1, 2]
     B = frames.shape[2]
     statics = np.broadcast_to(statics, (n_nodes, B, statics.shape[-1]))

@@ -76,7 +76,12 @@ def open_era5(path: PathLike, times: Optional[slice] = None,
         first = str(e).splitlines()[0] if str(e) else ""
         raise DataError(f"{path}: not a readable zarr store ({type(e).__name__}: "
                         f"{first})") from None
-    return to_official_layout(ds, times, levels)
+    try:
+        ds = to_official_layout(ds, times, levels)
+    except DataError as e:
+        raise DataError(f"{path}: {e}") from None
+    ds.encoding["source"] = str(path)  # messages of later reads name the store
+    return ds
 
 
 def weatherbench_dataset(official):

@@ -73,7 +73,8 @@ def forecast(ckpt: Checkpoint, ds, stats: Stats, steps: int,
     """The checkpoint's `steps`-step forecast from frames 0 and 1 of `ds` (xarray Dataset).
 
     Raises:
-      gclab.weather.DataError: the dataset or statistics lack something (named).
+      gclab.weather.DataError: the dataset or statistics lack something, or a value the
+        forecast uses (inputs, forcings, statics) is not finite (named).
     """
     import xarray
 
@@ -82,7 +83,9 @@ def forecast(ckpt: Checkpoint, ds, stats: Stats, steps: int,
                           model.radius_query_fraction_edge_length,
                           model.mesh2grid_edge_normalization_factor)
     ds = check_dataset(ds, task, graphs.grid_lat, graphs.grid_lon)
-    raw = raw_example(ds, task, start=0, rollout=steps)
+    # Only the target frames' forcings are used: their weather, not yet observed, may be
+    # NaN (as in the official rollout's `targets_template`), so only inputs must be finite.
+    raw = raw_example(ds, task, start=0, rollout=steps, check_targets=False)
     norm = normalization_from_stats(stats, task)
     params = params_to_gclab_channels(ckpt.params, task, model.hidden_layers)
     net = make_network(model, task.data_channels, task.output_channels, memory)

@@ -86,6 +86,14 @@ def test_a_file_in_the_official_order_round_trips_byte_for_byte(tmp_path, params
     _same_bytes(read_flat(tmp_path / "official.npz"), read_flat(tmp_path / "again.npz"))
 
 
+LAST_W = "params:mesh2grid_gnn/~_networks_builder/decoder_nodes_grid_nodes_mlp/~/linear_1:w"
+
+
+def _put(flat: dict, key: str, index: tuple, value) -> None:
+    flat[key] = flat[key].copy()  # the parameters' arrays are read-only
+    flat[key][index] = value
+
+
 @pytest.mark.parametrize("change, message", [
     (lambda f: f.pop("model_config:latent_size"), "missing key 'model_config:latent_size'"),
     (lambda f: f.pop("license"), "missing key 'license'"),
@@ -110,6 +118,13 @@ def test_a_file_in_the_official_order_round_trips_byte_for_byte(tmp_path, params
                          "mlp/~/linear_1:b": np.zeros(3, np.float32)}),
      "linear_1:b has shape (3,), this model_config and task_config need"),
     (lambda f: [f.pop(k) for k in list(f) if k.startswith("params:")], "no parameters"),
+    (lambda f: _put(f, LAST_W, (3, 4), np.nan),
+     f"{LAST_W} holds a non-finite value (nan) at index (3, 4); parameters must be finite"),
+    (lambda f: _put(f, LAST_W, (0, 0), -np.inf), f"{LAST_W} holds a non-finite value (-inf) "
+                                                 "at index (0, 0)"),
+    (lambda f: f.update({LAST_W: f[LAST_W].astype(np.int32)}),
+     f"{LAST_W} has dtype int32; parameters must be floating point"),
+    (lambda f: f.update({LAST_W: f[LAST_W].astype(str)}), f"{LAST_W} has dtype <U"),
 ])
 def test_bad_checkpoints_name_the_key(tmp_path, params, change, message):
     flat = to_flat(Checkpoint.from_gclab(params, CFG, TASK))

@@ -164,3 +164,147 @@ def test_bad_datasets_name_the_field(tmp_path, written):
                                            "'2m_temperature'"):
         wd.normalization_from_stats(stats._replace(
             diffs_stddev=stats.diffs_stddev.drop_vars("2m_temperature")), TASK)
+
+
+
+MEAN = "a mean must be finite"
+STD = "a standard deviation must be a finite number > 0"
+
+
+@pytest.mark.parametrize("file, name, value, text", [
+    ("mean_by_level.nc", "temperature", np.nan, f"'temperature' at level 500 is nan ({MEAN})"),
+    ("stddev_by_level.nc", "2m_temperature", 0.0, f"'2m_temperature' is 0 ({STD})"),
+    ("stddev_by_level.nc", "land_sea_mask", np.nan, f"'land_sea_mask' is nan ({STD})"),
+    ("diffs_stddev_by_level.nc", "geopotential", -1.0,
+     f"'geopotential' at level 500 is -1 ({STD})"),
+])
+def test_statistics_that_would_make_nan_are_refused(tmp_path, written, file, name, value,
+                                                    text):
+    stats = wd.compute_stats(wd.open_dataset(written))
+    kind = {v: k for k, v in wd.STATS_FILES.items()}[file]
+    bad = getattr(stats, kind).copy(deep=True)
+    bad[name].values[...] = value
+    # A variable gclab does not read may hold anything (GenCast's files have more).
+    bad["sea_surface_temperature"] = bad["2m_temperature"] * np.nan
+    bad_stats = stats._replace(**{kind: bad})
+    wd.write_stats(bad_stats, tmp_path)
+    with pytest.raises(wd.DataError) as e:
+        wd.load_stats(tmp_path)
+    assert str(e.value) == f"{tmp_path / file}: {text}"
+    # Statistics made in memory are checked as they are used.
+    with pytest.raises(wd.DataError, match=f"^{file}: '{name}'"):
+        wd.normalization_from_stats(bad_stats, TASK)
+
+
+def _rewritten(path, ds):
+    wd.write_dataset(ds, path)
+    return wd.open_dataset(path)
+
+
+def test_non_finite_weather_is_refused_where_it_is_read(tmp_path, written, weather):
+    clean = wd.open_dataset(written).load()  # batch rows 0 and 1, time steps 0..4
+    ds = clean.copy(deep=True)
+    ds["temperature"][1, 3, 0, 2, 5] = np.nan
+    path = tmp_path / "nan.nc"
+    nan = _rewritten(path, ds)
+    when = str(ds.datetime.values[1, 3].astype("datetime64[m]"))
+    text = (f"{path}: variable 'temperature' holds a non-finite value (nan) at time step 3 "
+            f"({when}) of batch row 1")
+    checked = wd.check_dataset(nan, TASK)
+    wd.raw_example(checked, TASK, start=0, rollout=1)  # frames 0..2: nothing is wrong there
+    with pytest.raises(wd.DataError) as e:
+        wd.raw_example(checked, TASK, start=1, rollout=1)  # frames 1..3
+    assert str(e.value) == text
+    # A forecast reads the target frames for their forcings only: their weather may be NaN.
+    wd.raw_example(checked, TASK, start=1, rollout=1, check_targets=False)
+    with pytest.raises(wd.DataError) as e:
+        wd.raw_example(checked, TASK, start=2, rollout=1, check_targets=False)  # an input
+    assert str(e.value) == text
+    with pytest.raises(wd.DataError) as e:  # the statistics' pass over the data finds it too
+        wd.compute_stats(nan)
+    assert str(e.value) == text
+    # Training reads one window at a time: the window with the bad frame stops the run.
+    stats = wd.compute_stats(ds.isel(time=slice(0, 3)))
+    source = wd.DatasetWeather(nan, TASK, stats, weather.grid_lat, weather.grid_lon)
+    source.make_batch(2, rollout=1, start=1)  # windows of row 0
+    with pytest.raises(wd.DataError, match=f"^{path}: variable 'temperature' .* time step 3 "
+                                           f"\\({when}\\)$"):
+        source.make_batch(1, rollout=1, start=1 + 4 * SAMPLE_SPACING)  # row 1, frames 1..3
+    # Infinity in a forcing; NaN in a static field, which has no time step.
+    inf = clean.copy(deep=True)
+    inf["toa_incident_solar_radiation"][0, 2, 0, 0] = np.inf
+    with pytest.raises(wd.DataError, match="variable 'toa_incident_solar_radiation' holds a "
+                                           "non-finite value \\(inf\\) at time step 2"):
+        wd.raw_example(wd.check_dataset(_rewritten(tmp_path / "inf.nc", inf), TASK), TASK)
+    static = clean.copy(deep=True)
+    static["land_sea_mask"][4, 4] = np.nan
+    with pytest.raises(wd.DataError) as e:
+        wd.compute_stats(_rewritten(tmp_path / "static.nc", static))
+    assert str(e.value) == (f"{tmp_path / 'static.nc'}: variable 'land_sea_mask' holds a "
+                            f"non-finite value (nan)")
+    # Text where numbers belong is not read as numbers (nor taken for a damaged chunk).
+    text = clean.assign(land_sea_mask=clean.land_sea_mask.astype(str))
+    for read in (lambda: wd.raw_example(wd.check_dataset(text, TASK), TASK),
+                 lambda: wd.compute_stats(text)):
+        with pytest.raises(wd.DataError, match=f"^{written}: variable 'land_sea_mask' must hold "
+                                               "numbers, it holds <U"):
+            read()
+    # A variable gclab does not read keeps xarray's NaN-skipping statistics.
+    clean["sea_surface_temperature"] = clean["2m_temperature"].where(clean.lat > 0)
+    got = wd.compute_stats(clean)
+    assert np.isfinite(got.mean["sea_surface_temperature"].values)
+
+
+def _with_datetimes(ds, hours):
+    dt = ds.datetime.values[:, :1] + np.asarray(hours, "timedelta64[h]")[None]
+    return ds.assign_coords(datetime=(("batch", "time"), dt.astype("datetime64[ns]")))
+
+
+@pytest.mark.parametrize("hours, text", [
+    ([0, 6, 12, 15, 21], "has time steps 3 hours apart (time steps 2 and 3)"),
+    ([0, 6, 6, 12, 18], "repeats {t1} at time steps 1 and 2"),
+    ([0, 12, 6, 18, 24], "has time steps 12 hours apart (time steps 0 and 1)"),
+    ([6, 0, 12, 18, 24], "is out of order: time step 1 ({t0}) comes before time step 0 "
+                         "({t1})"),
+])
+def test_time_axis_must_step_6_hours_forward(tmp_path, written, hours, text):
+    ds = _rewritten(tmp_path / "times.nc", _with_datetimes(wd.open_dataset(written).load(),
+                                                           hours))
+    t0 = str(wd.open_dataset(written).datetime.values[0, 0].astype("datetime64[m]"))
+    t1 = str((np.datetime64(t0) + np.timedelta64(6, "h")).astype("datetime64[m]"))
+    want = (f"{tmp_path / 'times.nc'}: datetime of batch row 0 {text.format(t0=t0, t1=t1)}; "
+            f"GraphCast's time steps are 6 hours apart, in increasing order")
+    for check in (lambda: wd.check_dataset(ds, TASK), lambda: wd.compute_stats(ds)):
+        with pytest.raises(wd.DataError) as e:
+            check()
+        assert str(e.value) == want
+
+
+def test_lead_times_and_batch_rows_are_checked_too(written):
+    ds = wd.open_dataset(written).load()
+    lead = ds.assign_coords(time=ds.time.values * 2)
+    with pytest.raises(wd.DataError, match=f"^{written}: time has time steps 12 hours apart"):
+        wd.check_dataset(lead, TASK)
+    dt = ds.datetime.values.copy()
+    dt[1, 4] = dt[1, 3]
+    row = ds.assign_coords(datetime=(("batch", "time"), dt))
+    row.encoding = {}  # made in memory: no file to name
+    with pytest.raises(wd.DataError, match="^dataset: datetime of batch row 1 repeats .* at "
+                                           "time steps 3 and 4"):
+        wd.check_dataset(row, TASK)
+
+
+def test_precipitation_input_frames_may_be_nan_when_it_is_not_an_input(tmp_path, written):
+    # The operational model's inputs (HRES) have no 6-hour precipitation; it is a target.
+    task = TaskConfig(pressure_levels=TASK.pressure_levels, precipitation_input=False)
+    ds = wd.open_dataset(written).load()
+    ds["total_precipitation_6hr"][:, [0, 1, 3]] = np.nan
+    checked = wd.check_dataset(_rewritten(tmp_path / "hres.nc", ds), task)
+    raw = wd.raw_example(checked, task, start=0, rollout=1)  # inputs 0, 1; target 2
+    assert np.isfinite(raw.inputs).all() and np.isfinite(raw.targets).all()
+    with pytest.raises(wd.DataError, match="'total_precipitation_6hr' holds a non-finite "
+                                           r"value \(nan\) at time step 3 "):
+        wd.raw_example(checked, task, start=1, rollout=1)  # frame 3 is a target
+    with pytest.raises(wd.DataError, match="'total_precipitation_6hr' holds a non-finite "
+                                           r"value \(nan\) at time step 0 "):
+        wd.raw_example(wd.check_dataset(checked, TASK), TASK)  # an input of this task

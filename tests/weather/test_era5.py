@@ -118,3 +118,31 @@ def test_gclab_stats_reads_a_weatherbench_store(tmp_path, store, capsys):
                                    rtol=1e-6, atol=1e-12)
     np.testing.assert_allclose(got.diffs_stddev["temperature"].values,
                                want.diffs_stddev["temperature"].values, rtol=1e-6)
+
+
+@pytest.mark.filterwarnings("ignore:Consolidated metadata:UserWarning")  # zarr 3 on v3
+@pytest.mark.parametrize("zarr_format", [2, 3])
+def test_a_damaged_chunk_names_the_store_and_variable(tmp_path, store, zarr_format):
+    _, _, wb2 = store
+    path = tmp_path / f"damaged-v{zarr_format}.zarr"
+    wb2.isel(time=slice(0, 4)).to_zarr(path, zarr_format=zarr_format)
+    # Time step 2's chunk of temperature (one chunk per time step) overwritten with garbage.
+    chunk = path / "temperature" / ("2.0.0.0" if zarr_format == 2 else "c/2/0/0/0")
+    assert chunk.is_file()
+    chunk.write_bytes(np.random.default_rng(0).bytes(200))
+    ds = open_era5(path, levels=(500, 850))
+    text = f"{path}: variable 'temperature' could not be read, a chunk of it is damaged ("
+    with pytest.raises(DataError) as e:
+        compute_stats(ds)
+    assert str(e.value).startswith(text) and "\n" not in str(e.value)
+    with pytest.raises(DataError) as e:
+        raw_example(check_dataset(ds, TASK), TASK, start=0, rollout=1)  # frames 0..2
+    assert str(e.value).startswith(text)
+    # A chunk that decodes to the wrong size (an uncompressed store) is the same error.
+    raw = tmp_path / "raw.zarr"
+    wb2.isel(time=slice(0, 4)).to_zarr(raw, zarr_format=2, encoding={
+        "temperature": {"compressors": None}})
+    (raw / "temperature" / "2.0.0.0").write_bytes(b"\0" * 12)
+    with pytest.raises(DataError, match="could not be read, a chunk of it is damaged "
+                                        r"\(ValueError: cannot reshape"):
+        compute_stats(open_era5(raw))

@@ -11,6 +11,7 @@ from gclab.training import next_inputs
 from gclab.training.data import SyntheticWeather
 from gclab.weather import (
     Checkpoint,
+    DataError,
     compute_stats,
     load_stats,
     normalization_from_stats,
@@ -97,3 +98,22 @@ def test_forecast_has_the_official_rollout_layout(files):
     assert pred.level.values.tolist() == [500, 850]
     assert set(pred.coords) == {"lat", "lon", "level", "time"}
     assert np.isfinite(pred["temperature"].values).all()
+
+
+def test_the_weather_of_target_frames_may_be_nan_but_not_the_inputs(files, tmp_path):
+    ckpt, stats = read_checkpoint(files / "ckpt.npz"), load_stats(files / "stats")
+    ds = open_dataset(files / "data.nc").load()
+    want = forecast(ckpt, ds, stats, 2)
+    future = ds.copy(deep=True)
+    for name in ("2m_temperature", "temperature", "total_precipitation_6hr"):
+        future[name][:, 2:] = np.nan  # not observed yet: only the forcings are known
+    write_dataset(future, tmp_path / "future.nc")
+    got = forecast(ckpt, open_dataset(tmp_path / "future.nc"), stats, 2)
+    for name in want.data_vars:
+        np.testing.assert_array_equal(got[name].values, want[name].values)
+    future["temperature"][1, 1, 0, 0, 0] = np.nan  # the newest input frame
+    write_dataset(future, tmp_path / "nan.nc")
+    with pytest.raises(DataError, match=f"^{tmp_path / 'nan.nc'}: variable 'temperature' holds "
+                                        r"a non-finite value \(nan\) at time step 1 \(.*\) of "
+                                        "batch row 1$"):
+        forecast(ckpt, open_dataset(tmp_path / "nan.nc"), stats, 2)

@@ -9,13 +9,16 @@ from gclab.model import param_shapes
 from gclab.training.data import SyntheticWeather
 from gclab.weather import (
     Checkpoint,
+    compute_stats,
     load_stats,
     open_dataset,
     read_checkpoint,
     synthetic_dataset,
     write_checkpoint,
     write_dataset,
+    write_stats,
 )
+from gclab.weather.era5 import weatherbench_dataset
 from gclab.weather.forecast import forecast
 
 TASK = TaskConfig(pressure_levels=(500, 850))
@@ -66,7 +69,8 @@ def _one_line(capsys, argv, text):
     ({"--checkpoint": "none.npz"}, "--checkpoint {root}/none.npz: no such file"),
     ({"--checkpoint": "incomplete.npz"}, "missing key 'model_config:latent_size'"),
     ({"--data": "ckpt.npz"}, "--data {root}/ckpt.npz: not a readable netCDF"),
-    ({"--data": "nolevel.nc"}, "--data/--stats: dataset: missing variable 'geopotential'"),
+    ({"--data": "nolevel.nc"},
+     "--data/--stats: {root}/nolevel.nc: missing variable 'geopotential'"),
     ({"--stats": "."}, "mean_by_level.nc: no such file"),
     ({"--stats": "badstats"}, "diffs_stddev_by_level.nc: no variable 'temperature'"),
     ({"--forecast-steps": "3"}, "--forecast-steps 3: at most 2"),
@@ -150,3 +154,105 @@ def test_a_failed_stats_write_leaves_the_old_set(files, capsys, monkeypatch):
     assert cli.main(["stats", "--data", str(files / "data.nc"), "--out", str(out)]) == 1
     assert "No space left on device" in capsys.readouterr().err
     assert _contents(out) == before  # the old set, whole, and no temporary file
+
+
+@pytest.fixture(scope="module")
+def bad(files):
+    """Inputs that used to be accepted silently or end in a traceback, in `files / "bad"`."""
+    root = files / "bad"
+    root.mkdir()
+    stats = compute_stats(open_dataset(files / "long.nc"))
+    for name, s in (("good", stats),
+                    ("nanmean", stats._replace(mean=stats.mean.copy(deep=True))),
+                    ("zerostd", stats._replace(stddev=stats.stddev.copy(deep=True)))):
+        (root / name).mkdir()
+        if name == "nanmean":
+            s.mean["temperature"].values[1] = np.nan
+        if name == "zerostd":
+            s.stddev["2m_temperature"].values[...] = 0.0
+        write_stats(s, root / name)
+    ds = open_dataset(files / "data.nc").load()  # 4 time steps, batch 1
+    nan = ds.copy(deep=True)
+    nan["2m_temperature"][0, 1, 3, 4] = np.nan  # an input frame
+    write_dataset(nan, root / "nan.nc")
+    for name, hours in (("hours.nc", [0, 3, 6, 9]), ("repeat.nc", [0, 6, 6, 12]),
+                        ("unsorted.nc", [0, 12, 6, 18])):
+        dt = ds.datetime.values[:, :1] + np.asarray(hours, "timedelta64[h]")[None]
+        write_dataset(ds.assign_coords(datetime=(("batch", "time"),
+                                                 dt.astype("datetime64[ns]"))), root / name)
+    weatherbench_dataset(ds).chunk({"time": 1}).to_zarr(root / "damaged.zarr", zarr_format=2)
+    (root / "damaged.zarr" / "temperature" / "1.0.0.0").write_bytes(b"garbage" * 30)
+    flat = dict(np.load(files / "ckpt.npz"))
+    key = "params:mesh2grid_gnn/~_networks_builder/decoder_nodes_grid_nodes_mlp/~/linear_1:b"
+    np.savez(root / "int.npz", **{**flat, key: flat[key].astype(np.int64)})
+    flat[key] = flat[key].copy()
+    flat[key][2] = np.nan
+    np.savez(root / "nan.npz", **flat)
+    (root / "old.nc").write_bytes(b"an earlier forecast")
+    return root
+
+
+STEPS = "; GraphCast's time steps are 6 hours apart, in increasing order"
+
+
+@pytest.mark.parametrize("change, text", [
+    ({"--stats": "nanmean"}, "--stats {root}/nanmean: mean_by_level.nc: 'temperature' at "
+                             "level 850 is nan (a mean must be finite)"),
+    ({"--stats": "zerostd"}, "--stats {root}/zerostd: stddev_by_level.nc: '2m_temperature' is "
+                             "0 (a standard deviation must be a finite number > 0)"),
+    ({"--data": "nan.nc"}, "{root}/nan.nc: variable '2m_temperature' holds a non-finite value "
+                           "(nan) at time step 1 (2016-01-01T06:00)"),
+    ({"--data": "hours.nc"}, "--data/--stats: {root}/hours.nc: datetime has time steps 3 hours "
+                             "apart (time steps 0 and 1)" + STEPS),
+    ({"--data": "repeat.nc"}, "--data/--stats: {root}/repeat.nc: datetime repeats "
+                              "2016-01-01T06:00 at time steps 1 and 2" + STEPS),
+    ({"--data": "unsorted.nc"}, "--data/--stats: {root}/unsorted.nc: datetime has time steps "
+                                "12 hours apart (time steps 0 and 1)" + STEPS),
+    ({"--data": "damaged.zarr"}, "{root}/damaged.zarr: variable 'temperature' could not be "
+                                 "read, a chunk of it is damaged ("),
+    ({"--checkpoint": "nan.npz"}, "--checkpoint {root}/nan.npz: params:mesh2grid_gnn/~_networks"
+     "_builder/decoder_nodes_grid_nodes_mlp/~/linear_1:b holds a non-finite value (nan) at "
+     "index (2,); parameters must be finite"),
+    ({"--checkpoint": "int.npz"}, "--checkpoint {root}/int.npz: params:mesh2grid_gnn/~_networks"
+     "_builder/decoder_nodes_grid_nodes_mlp/~/linear_1:b has dtype int64; parameters must be "
+     "floating point"),
+])
+def test_bad_values_in_forecast_inputs_get_one_line(files, bad, capsys, change, text):
+    args = {"--checkpoint": str(files / "ckpt.npz"), "--data": str(files / "data.nc"),
+            "--stats": str(bad / "good"), "--forecast-steps": "1", "--out": str(bad / "old.nc")}
+    args.update({k: str(bad / v) for k, v in change.items()})
+    before = _contents(files)
+    capsys.readouterr()
+    _one_line(capsys, ["forecast", *(x for kv in args.items() for x in kv)],
+              text.format(root=bad))
+    assert _contents(files) == before  # the earlier forecast in --out is whole
+
+
+@pytest.mark.parametrize("data, text", [
+    ("nan.nc", "--data: {root}/nan.nc: variable '2m_temperature' holds a non-finite value "
+               "(nan) at time step 1 (2016-01-01T06:00)"),
+    ("hours.nc", "--data: {root}/hours.nc: datetime has time steps 3 hours apart"),
+    ("damaged.zarr", "--data: {root}/damaged.zarr: variable 'temperature' could not be read, "
+                     "a chunk of it is damaged ("),
+])
+def test_bad_values_in_stats_data_get_one_line(files, bad, capsys, data, text):
+    before = _contents(files)  # --out holds an earlier set of statistics
+    _one_line(capsys, ["stats", "--data", str(bad / data), "--out", str(bad / "good")],
+              text.format(root=bad))
+    assert _contents(files) == before
+
+
+@pytest.mark.parametrize("change, text", [
+    ({"--data": "nan.nc"}, "{root}/nan.nc: variable '2m_temperature' holds a non-finite value "
+                           "(nan) at time step 1"),
+    ({"--stats": "zerostd"}, "--stats {root}/zerostd: stddev_by_level.nc: '2m_temperature' "
+                             "is 0"),
+])
+def test_bad_values_in_training_data_get_one_line(files, bad, capsys, change, text):
+    args = {"--init-checkpoint": str(files / "ckpt.npz"), "--data": str(files / "data.nc"),
+            "--stats": str(bad / "good"), "--save-checkpoint": str(bad / "tuned.npz")}
+    args.update({k: str(bad / v) for k, v in change.items()})
+    before = _contents(files)
+    _one_line(capsys, ["train", "--train-steps", "1", *(x for kv in args.items() for x in kv)],
+              text.format(root=bad))
+    assert _contents(files) == before  # no checkpoint written
