@@ -15,20 +15,24 @@ Commands:
 Every error in what you type is reported in one line, `gclab COMMAND: error: --option
 VALUE: what is allowed`, with exit status 2, before any work starts (output paths
 included). Work too large for this machine is refused the same way, with the estimate and
-the limit. A failed check, or a file that cannot be written in the middle of a run,
-exits with status 1; Ctrl-C with status 130.
+the limit. A failed check, a training run that diverges, processes that do not all join a
+multi-process run in time, or a file that cannot be written in the middle of a run, exits
+with status 1; Ctrl-C with status 130.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import errno
 import functools
 import json
 import math
 import os
 import re
+import socket
 import sys
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -40,6 +44,7 @@ import tqdm
 from matplotlib.backend_bases import FigureCanvasBase
 
 from gclab.config import MAX_INT32, PRESETS, ConfigError, ModelConfig, get_preset, resolve_model
+from gclab.devices import MEM_FRACTION_ENV, card, mem_fraction
 from gclab.files import OutputPathError, atomic_path, check_output_path, check_writable_folder
 from gclab.geometry.graphs import load_or_build_graphs, save_graphs
 from gclab.measure.compiled import format_bytes
@@ -58,13 +63,27 @@ from gclab.parallel import (
     parse_parallel_spec,
     use_cpu_devices,
 )
+from gclab.parallel.config import spec_error
+from gclab.parallel.processes import (
+    COORDINATOR_ENV,
+    DEFAULT_INIT_TIMEOUT,
+    MAX_CPU_DEVICES,
+    NUM_PROCESSES_ENV,
+    PROCESS_ID_ENV,
+)
 from gclab.plots import plot_sweep, plot_timeline
 from gclab.sizing.layout_plan import plan_layout
 from gclab.sizing.planner import BUDGET_HELP, NothingFits, parse_budget, plan
 from gclab.sizing.step import StepSpec, compile_train_step, train_step_timeline
 from gclab.sizing.sweep import MEASURES, save_sweep, sweep
 from gclab.sizing.sweep import grid as sweep_grid
-from gclab.training.loop import DEFAULT_SCHEDULE_STEPS, RestoreError, train
+from gclab.training.loop import (
+    DEFAULT_SCHEDULE_STEPS,
+    RestoreError,
+    ScheduleMismatch,
+    TrainingDiverged,
+    train,
+)
 from gclab.weather import (
     STATS_FILES,
     Checkpoint,
@@ -92,6 +111,9 @@ PLOT_SUFFIXES = tuple(f".{ext}" for ext in sorted(FigureCanvasBase.get_supported
 SWEEP_SUFFIXES = (".json", ".csv")
 SWEEP_CACHE_ENV = "GCLAB_SWEEP_CACHE"
 STATS_NAMES = tuple(STATS_FILES.values())  # the three statistics files of a folder
+# Seconds JAX waits for the processes beyond --coordinator-timeout: our own timer, which says
+# what to check, ends the process first (`_join`).
+JOIN_GRACE_SECONDS = 30
 # argparse's own messages after "argument --x: " (the rest come from the types below).
 _ARGPARSE_PHRASES = ("expected ", "invalid choice", "ignored explicit argument", "not allowed")
 
@@ -135,6 +157,14 @@ def _shown(text: str) -> str:
 
 def _bad(text: str, allowed: str) -> argparse.ArgumentTypeError:
     return argparse.ArgumentTypeError(f"{_shown(text)}: {allowed}")
+
+
+def _not_empty(text: str) -> str:
+    """A path as typed, refused when empty: `Path("")` is the working directory, which
+    nobody means by an empty value (an unset variable in a script, say)."""
+    if not text:
+        raise _bad(text, "a path, not an empty one (it would mean the working directory)")
+    return text
 
 
 def _parse_int(text: str) -> int:
@@ -213,13 +243,6 @@ def _recipes(text: str) -> list[str]:
     return names
 
 
-def _remat(text: str) -> dict:
-    try:
-        return parse_remat_spec(text)
-    except ValueError:
-        raise _bad(text, REMAT_SPEC_HELP) from None
-
-
 def _kept_as_typed(parse: Callable[[str], Any], allowed: str) -> Callable[[str], str]:
     """An option checked by `parse` and kept as typed (its reader parses it again)."""
 
@@ -233,12 +256,45 @@ def _kept_as_typed(parse: Callable[[str], Any], allowed: str) -> Callable[[str],
     return convert
 
 
-# A card's name also names its speeds (`gclab plan --devices`), so the text is kept.
-_budget = _kept_as_typed(parse_budget, BUDGET_HELP)
+# Kept as typed: `_check_remat` quotes it when it does not suit the model.
+_remat = _kept_as_typed(parse_remat_spec, REMAT_SPEC_HELP)
+
+
+def _mem_fraction_error() -> Optional[str]:
+    """What is wrong with `XLA_PYTHON_CLIENT_MEM_FRACTION`, in one line, or None."""
+    try:
+        mem_fraction()
+    except ValueError:
+        text = os.environ.get(MEM_FRACTION_ENV, "").strip()
+        return (f"{MEM_FRACTION_ENV}={_shown(text)}: a number in (0, 1] (the share of a GPU's "
+                f"memory JAX takes; a card's budget is that share of its memory)")
+    return None
+
+
+def _budget(text: str) -> str:
+    """A budget, kept as typed: a card's name also names its speeds (`gclab plan --devices`).
+
+    A card read through a bad `XLA_PYTHON_CLIENT_MEM_FRACTION` passes here: the variable is
+    at fault, not the option, and `_check_plan_options` names it before any work.
+    """
+    try:
+        parse_budget(text)
+    except ValueError:
+        try:
+            card(text)
+        except ValueError:
+            raise _bad(text, BUDGET_HELP) from None
+        if _mem_fraction_error() is None:
+            raise _bad(text, BUDGET_HELP) from None
+    return text
+
+
 # `_resolve_parallel` reads it, and quotes it as typed when it disagrees with --devices.
 def _parallel(text: str) -> str:
     try:
         parse_parallel_spec(text)
+    except ConfigError as e:  # a well-formed spec with a bad value: its item, as written
+        raise _bad(text, spec_error(text, e)) from None
     except ValueError as e:  # a well-formed spec with a bad value names its field
         raise _bad(text, PARALLEL_SPEC_HELP if "malformed" in str(e) else str(e)) from None
     return text
@@ -258,12 +314,29 @@ def _learning_rate(text: str) -> float:
     return value
 
 
-def _checkpoint_dir(text: str) -> Path:
+def _missing_parent(text: str) -> Optional[str]:
+    """Why a folder that does not exist yet cannot be created at `text`, or None.
+
+    A symbolic link (a dangling one here) is created at its target, so the target's parent
+    must exist, and is the one named.
+    """
     path = Path(text)
+    if path.is_symlink():
+        target = Path(os.path.realpath(text))
+        if not target.parent.is_dir():
+            return f"a symbolic link to {target}, whose folder {target.parent} does not exist"
+    elif not path.parent.is_dir():
+        return f"no {path.parent}"
+    return None
+
+
+def _checkpoint_dir(text: str) -> Path:
+    path = Path(_not_empty(text))
     if path.exists() and not path.is_dir():
         raise _bad(text, "a directory (this is a file)")
-    if not path.exists() and not path.parent.is_dir():
-        raise _bad(text, f"a directory whose parent exists (no {path.parent})")
+    missing = None if path.exists() else _missing_parent(text)
+    if missing:
+        raise _bad(text, f"a directory whose parent exists ({missing})")
     return path
 
 
@@ -310,7 +383,7 @@ class _Input(argparse.Action):
 
     def __call__(self, parser, namespace, values, option_string=None) -> None:
         try:
-            setattr(namespace, self.dest, self.read(values))
+            setattr(namespace, self.dest, self.read(_not_empty(values)))
         except argparse.ArgumentTypeError as e:  # as argparse reports an option type's
             raise argparse.ArgumentError(self, str(e)) from None
         setattr(namespace, f"{self.dest}_path", values)
@@ -348,11 +421,12 @@ def _check_inputs_kept(args, option: str, path) -> None:
 
 def _output_folder(text: str) -> Path:
     """A folder to write into: created if its parent exists, checked writable now."""
-    path = Path(text)
+    path = Path(_not_empty(text))
     if path.exists() and not path.is_dir():
         raise _bad(text, "a folder (this is a file)")
-    if not path.exists() and not path.parent.is_dir():
-        raise _bad(text, f"a folder whose parent exists (no {path.parent})")
+    missing = None if path.exists() else _missing_parent(text)
+    if missing:
+        raise _bad(text, f"a folder whose parent exists ({missing})")
     if path.exists():
         try:
             check_writable_folder(path)
@@ -383,6 +457,7 @@ def _output_file(suffixes: Optional[Sequence[str]] = None) -> Callable[[str], Pa
     """A file to write: checked now (folder exists and is writable, not a directory)."""
 
     def convert(text: str) -> Path:
+        _not_empty(text)
         if text == "-":
             raise _bad(text, "a file name (gclab does not write this to standard output)")
         try:
@@ -455,7 +530,7 @@ def _resolve_memory(args, recipe: str):
     mem = get_recipe(recipe, args.precision)
     changes = {}
     if args.remat is not None:
-        changes.update(args.remat)
+        changes.update(parse_remat_spec(args.remat))
     if args.edge_block is not None:
         changes["edge_block_size"] = args.edge_block or None
         if not args.edge_block:  # no blocks: nor what needs them
@@ -466,8 +541,23 @@ def _resolve_memory(args, recipe: str):
     return mem.replace(**changes) if changes else mem
 
 
+def _check_remat(args, model: ModelConfig, where: str = "") -> None:
+    """Refuses a --remat group of more steps than the processor has (`every:K`, `nested:K`).
+
+    The network would take all steps as one group without a word, which is `every:S`, not
+    what was typed. `where` says where the model comes from, if not from its options.
+    """
+    if args.remat is None:
+        return
+    fields, steps = parse_remat_spec(args.remat), model.processor_steps
+    if fields["processor_remat"] in ("every", "nested") and fields["remat_group_size"] > steps:
+        raise UsageError(f"--remat {_shown(args.remat)}: K in 1..{steps} for this model "
+                         f"({steps} processor steps{where})")
+
+
 def _spec(args, recipe: str) -> StepSpec:
     model, task = _resolve_model(args)
+    _check_remat(args, model)
     return StepSpec(model, task, _resolve_memory(args, recipe), batch=args.batch,
                     rollout=args.rollout)
 
@@ -627,13 +717,34 @@ def cmd_sweep(args) -> int:
     return 0 if (df["status"] == "ok").all() else 1
 
 
+def _check_plan_options(args) -> None:
+    """Refuses what `gclab plan` would ignore: --recipes on one device (its planner picks
+    each technique's setting, not a recipe), --compiled over devices (always compiled), and
+    a card's budget read through a bad `XLA_PYTHON_CLIENT_MEM_FRACTION` (`_budget`)."""
+    over_devices = args.devices is not None and args.devices > 1
+    if args.recipes is not None and not over_devices:
+        raise UsageError(f"--recipes {_shown(','.join(args.recipes))}: only with --devices N, "
+                         "N >= 2 (on one device the plan chooses each technique's setting, "
+                         "not among named recipes)")
+    if args.compiled is not None and over_devices:
+        raise UsageError(f"--compiled {args.compiled}: only without --devices (a plan over "
+                         "devices compiles every candidate)")
+    try:
+        parse_budget(args.budget)
+    except ValueError:
+        raise UsageError(_mem_fraction_error()) from None
+    if args.devices is not None and args.devices > MAX_CPU_DEVICES:
+        raise UsageError(f"--devices {args.devices}: at most {MAX_CPU_DEVICES} (JAX's CPU "
+                         f"backend runs no more devices in one process)")
+
+
 def cmd_plan(args) -> int:
     model, task = _resolve_model(args)
     if args.devices is not None and args.devices > 1:
         planner = functools.partial(plan_layout, devices=args.devices, recipes=args.recipes)
     else:
-        planner = functools.partial(
-            plan, use_compiled={"auto": "auto", "yes": True, "no": False}[args.compiled])
+        planner = functools.partial(plan, use_compiled={None: "auto", "auto": "auto", "yes": True,
+                                                        "no": False}[args.compiled])
     try:
         result = planner(args.budget, model, task, batch=args.batch, rollout=args.rollout,
                          precision=args.precision)
@@ -665,6 +776,10 @@ def _add_parallel_args(p: argparse.ArgumentParser, processes: bool = False) -> N
                        help="processes in the run (default $JAX_NUM_PROCESSES)")
         g.add_argument("--process-id", type=_count(0), metavar="I",
                        help="this process's index (default $JAX_PROCESS_ID)")
+        g.add_argument("--coordinator-timeout", type=_count(1), default=DEFAULT_INIT_TIMEOUT,
+                       metavar="SECONDS", help="how long every process waits for all of them "
+                       f"to join before it stops and says what to check ({DEFAULT_INIT_TIMEOUT},"
+                       " as JAX)")
 
 
 def _resolve_parallel(args) -> ParallelConfig:
@@ -678,12 +793,12 @@ def _resolve_parallel(args) -> ParallelConfig:
     return layout
 
 
-def _env_int(name: str) -> Optional[int]:
+def _env_int(name: str, minimum: int = 0) -> Optional[int]:
     text = os.environ.get(name, "").strip()
     if not text:
         return None
-    if not text.isdigit():
-        raise UsageError(f"{name}={_shown(text)}: an integer >= 0")
+    if not text.isdigit() or int(text) < minimum:
+        raise UsageError(f"{name}={_shown(text)}: an integer >= {minimum}")
     return int(text)
 
 
@@ -697,6 +812,133 @@ def _env_host_port(name: str) -> Optional[str]:
         raise UsageError(f"{name}={e}") from None
 
 
+@dataclasses.dataclass(frozen=True)
+class _Processes:
+    """A run's processes as the options, else the environment variables, give them; each
+    `*_name` is what a message calls the value (`--num-processes 2`, `JAX_NUM_PROCESSES=2`).
+    """
+
+    count: int = 1
+    count_name: str = ""
+    process_id: Optional[int] = None
+    id_name: str = ""
+    coordinator: Optional[str] = None
+    coordinator_name: str = ""
+
+
+def _given(option: str, value, env: str, read: Callable[[str], Any]) -> tuple[Any, str]:
+    """(value, what a message calls it) of an option, else of its environment variable."""
+    if value is not None:
+        return value, f"{option} {value}"
+    value = read(env)
+    return value, f"{env}={value}" if value is not None else ""
+
+
+def _processes(args, devices: int) -> _Processes:
+    """The processes of `gclab train`, checked against each other and the layout's devices."""
+    count, count_name = _given("--num-processes", args.num_processes, NUM_PROCESSES_ENV,
+                               lambda name: _env_int(name, minimum=1))
+    process_id, id_name = _given("--process-id", args.process_id, PROCESS_ID_ENV, _env_int)
+    coordinator, coordinator_name = _given("--coordinator", args.coordinator, COORDINATOR_ENV,
+                                           _env_host_port)
+    count = count or 1
+    if process_id is not None and process_id >= count:
+        raise UsageError(f"{id_name}: an integer in 0..num-processes - 1 (0..{count - 1} here)")
+    if devices % count:
+        raise UsageError(f"{count_name}: it must divide the layout's {devices} devices")
+    if count > 1 and coordinator is None:
+        raise UsageError(f"{count_name}: several processes need process 0's address: "
+                         f"--coordinator HOST:PORT (or {COORDINATOR_ENV})")
+    if coordinator is not None and process_id is None:
+        if count > 1:
+            raise UsageError(f"{coordinator_name}: each of the {count} processes needs its "
+                             f"index: --process-id I (or {PROCESS_ID_ENV})")
+        process_id = 0  # the only process there is
+    return _Processes(count, count_name, process_id, id_name, coordinator, coordinator_name)
+
+
+def _answers(address: str, seconds: float = 2.0) -> bool:
+    """Whether anything accepts a connection at `HOST:PORT` within `seconds`."""
+    host, _, port = address.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=seconds):
+            return True
+    except OSError:
+        return False
+
+
+def _port_taken(address: str) -> bool:
+    """Whether another program listens on `address`'s port here (process 0 serves there)."""
+    port = int(address.rpartition(":")[2])
+    # As JAX's gRPC server binds it: every interface, IPv6 and IPv4 where there is IPv6.
+    family, host = (socket.AF_INET6, "::") if socket.has_ipv6 else (socket.AF_INET, "")
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC: not TIME_WAIT
+            s.bind((host, port))
+    except OSError as e:
+        return e.errno == errno.EADDRINUSE
+    return False
+
+
+def _join(procs: _Processes, timeout: int) -> None:
+    """Joins the multi-process run, or says in one line why not within `timeout` seconds.
+
+    When the processes have not all joined in time, JAX ends the process in C++ (XLA's
+    DEADLINE_EXCEEDED check failure, an abort with a stack trace, not a Python exception).
+    So JAX is given a little longer, and a timer of our own, which runs while JAX waits
+    (its wait releases the GIL), says what to check and ends the process first.
+    """
+    if procs.process_id == 0 and _port_taken(procs.coordinator):
+        # JAX would fail to serve there, by an error or, as often, a segmentation fault.
+        raise UsageError(f"{procs.coordinator_name}: its port is in use on this host, where "
+                         f"process 0 serves the run: choose a free port")
+    joined = threading.Event()
+
+    def give_up() -> None:
+        if joined.is_set():
+            return
+        where = procs.coordinator_name
+        if procs.process_id and not _answers(procs.coordinator):
+            why = (f"nothing answered there in {timeout} s: check that process 0 runs with "
+                   f"the same address, and that this host can reach it")
+        else:
+            count = procs.count_name or f"--num-processes {procs.count}"
+            why = (f"not all {procs.count} processes joined in {timeout} s: check that each "
+                   f"runs with this address, {count} and its own --process-id")
+        print(f"gclab train: error: {where}: {why} (--coordinator-timeout {timeout})",
+              file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(1)
+
+    timer = threading.Timer(timeout, give_up)
+    timer.daemon = True
+    timer.start()
+    try:
+        initialize_processes(procs.coordinator, procs.count, procs.process_id,
+                             timeout=timeout + JOIN_GRACE_SECONDS)
+    except jax.errors.JaxRuntimeError as e:  # e.g. process 0's port taken: a Python error
+        reason = str(e).strip().split("\n")[0]
+        hint = ": is the port free on this host?" if procs.process_id == 0 else ""
+        raise UsageError(f"{procs.coordinator_name}: could not join the run ({reason}){hint}"
+                         ) from None
+    finally:
+        joined.set()
+        timer.cancel()
+
+
+def _check_device_count(args, layout: ParallelConfig, processes: int) -> None:
+    """Refuses a layout of more devices in one process than JAX's CPU backend runs."""
+    per_process = layout.devices // processes
+    if per_process <= MAX_CPU_DEVICES:
+        return
+    option = (f"--parallel {_shown(args.parallel)}" if args.parallel is not None
+              else f"--devices {args.devices}")
+    over = f" ({layout.devices} over {processes} processes)" if processes > 1 else ""
+    raise UsageError(f"{option}: at most {MAX_CPU_DEVICES} devices in one process (JAX's CPU "
+                     f"backend runs no more), not {per_process}{over}")
+
+
 def start_devices(args) -> None:
     """Sets up the devices a layout needs, before JAX starts its backends.
 
@@ -707,10 +949,13 @@ def start_devices(args) -> None:
     A multi-process run is joined here too (`jax.distributed.initialize` also comes first).
     """
     if not hasattr(args, "parallel"):  # plan: every layout of --devices devices
+        _check_plan_options(args)  # before JAX's CPU devices are set
         if args.devices is not None and args.devices > 1:
             use_cpu_devices(args.devices)
         return
     layout = args.layout = _resolve_parallel(args)
+    procs = _processes(args, layout.devices) if hasattr(args, "num_processes") else _Processes()
+    _check_device_count(args, layout, procs.count)
     multiple = layout.data * _resolve_memory(args, args.recipe).microbatches
     if args.batch % (multiple * layout.microbatches):
         raise UsageError(f"--batch {args.batch}: a multiple of {multiple * layout.microbatches}"
@@ -724,23 +969,10 @@ def start_devices(args) -> None:
             layout.stage_bounds(model.processor_steps)
         except ValueError as e:
             raise UsageError(f"--parallel {_shown(args.parallel)}: {e}") from None
-    processes = 1
-    if hasattr(args, "num_processes"):
-        if args.coordinator is None:
-            _env_host_port("JAX_COORDINATOR_ADDRESS")
-        processes = args.num_processes or _env_int("JAX_NUM_PROCESSES") or 1
-        process_id = args.process_id if args.process_id is not None else _env_int(
-            "JAX_PROCESS_ID")
-        if process_id is not None and process_id >= processes:
-            raise UsageError(f"--process-id {process_id}: an integer in 0..num-processes - 1 "
-                             f"(0..{processes - 1} here)")
-        if layout.devices % processes:
-            raise UsageError(f"--num-processes {processes}: it must divide the layout's "
-                             f"{layout.devices} devices")
     if layout.devices > 1:
-        use_cpu_devices(max(1, layout.devices // processes))
-    if hasattr(args, "num_processes"):
-        initialize_processes(args.coordinator, args.num_processes, args.process_id)
+        use_cpu_devices(max(1, layout.devices // procs.count))
+    if procs.coordinator is not None:
+        _join(procs, args.coordinator_timeout)
 
 
 def _train_sources(args):
@@ -776,11 +1008,16 @@ def _train_sources(args):
     return model, task, weather, params
 
 
+#: The option of each `train` argument a checkpoint records (`gclab.training.loop.RUN_SETTINGS`).
+_SCHEDULE_OPTIONS = {"schedule_steps": "--schedule-steps", "learning_rate": "--learning-rate"}
+
+
 def cmd_train(args) -> int:
     layout = args.layout
     if args.save_checkpoint is not None:
         _check_inputs_kept(args, "--save-checkpoint", args.save_checkpoint)
     model, task, weather, init_params = _train_sources(args)
+    _check_remat(args, model, ", from --init-checkpoint" if args.init_checkpoint else "")
     memory = _resolve_memory(args, args.recipe)
     lead = jax.process_index() == 0
     progress = functools.partial(tqdm.tqdm, desc="gclab train", unit="step", file=sys.stderr,
@@ -792,8 +1029,23 @@ def cmd_train(args) -> int:
                        checkpoint_dir=None if args.checkpoint_dir is None
                        else str(args.checkpoint_dir.resolve()),
                        progress=progress, weather=weather, init_params=init_params)
+    except ScheduleMismatch as e:  # resuming would change the run: the option, not the folder
+        option = _SCHEDULE_OPTIONS[e.name]
+        raise UsageError(f"{option} {e.given:g}: the checkpoint in --checkpoint-dir "
+                         f"{_shown(str(args.checkpoint_dir))} (step {e.step}) was trained with "
+                         f"{option} {e.stored:g}; resume with that, or start another "
+                         f"--checkpoint-dir") from None
     except RestoreError as e:  # the checkpoint to resume from
         raise UsageError(f"--checkpoint-dir {_shown(str(args.checkpoint_dir))}: {e}") from None
+    except TrainingDiverged as e:  # not the input's fault as such: exit status 1
+        kept = (f"; earlier checkpoints in --checkpoint-dir {_shown(str(args.checkpoint_dir))}"
+                " are kept" if args.checkpoint_dir is not None else "")
+        print(f"gclab train: error: the loss is {e.loss:g} at step {e.step} (gradient norm "
+              f"{e.grad_norm:g}): training diverged and nothing was saved{kept}; try a lower "
+              f"--learning-rate (now {args.learning_rate:g})"
+              + (", or check --data for missing values" if args.data is not None else ""),
+              file=sys.stderr)
+        return 1
     if not lead:
         return 0
     if args.save_checkpoint is not None:
@@ -853,7 +1105,7 @@ def cmd_stats(args) -> int:
         stats = compute_stats(args.data)
     except DataError as e:
         raise UsageError(f"--data: {e}") from None
-    args.out.mkdir(exist_ok=True)
+    Path(os.path.realpath(args.out)).mkdir(exist_ok=True)  # a link's target, if a link
     write_stats(stats, args.out)
     print(f"wrote mean_by_level.nc, stddev_by_level.nc, diffs_stddev_by_level.nc "
           f"({len(stats.mean.data_vars)} variables) to {args.out}")
@@ -874,7 +1126,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_graph)
 
     p = sub.add_parser("reference", help="check gclab against official fixtures")
-    p.add_argument("fixtures", nargs="+", metavar="PATH.npz",
+    p.add_argument("fixtures", nargs="+", type=_not_empty, metavar="PATH.npz",
                    help="fixtures written by the official code (a PATH.json sidecar is read "
                    "if present)")
     p.add_argument("--tolerance", type=_tolerance, default=1e-5,
@@ -929,9 +1181,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(p)
     g = p.add_argument_group("step")
     _add_step_args(g)
-    g.add_argument("--compiled", type=_choice(("auto", "yes", "no")), default="auto",
-                   help="verify with compiled figures: yes, no, or auto (the default: where "
-                   "compiling is quick)")
+    g.add_argument("--compiled", type=_choice(("auto", "yes", "no")),
+                   help="without --devices: verify with compiled figures: yes, no, or auto "
+                   "(the default: where compiling is quick)")
     g.add_argument("--devices", type=_count(1), metavar="N",
                    help="plan a layout over N devices (every data x spatial layout and recipe "
                    "is compiled; the budget is per device; simulated CPU devices on a CPU)")
@@ -954,8 +1206,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="peak learning rate (1e-3)")
     g.add_argument("--schedule-steps", type=_count(1), default=DEFAULT_SCHEDULE_STEPS,
                    metavar="N", help="length of the learning-rate schedule: warm-up over its "
-                   f"first tenth, then cosine decay ({DEFAULT_SCHEDULE_STEPS}; keep it when "
-                   "resuming)")
+                   f"first tenth, then cosine decay ({DEFAULT_SCHEDULE_STEPS}; a resumed run "
+                   "must keep it, and --learning-rate)")
     g.add_argument("--checkpoint-dir", type=_checkpoint_dir, metavar="DIR",
                    help="resume from the latest checkpoint in DIR, and save there at the end")
     g = p.add_argument_group("real weather and published weights")

@@ -85,6 +85,10 @@ def write_text_atomic(path: PathLike, text: str) -> Path:
 def check_output_path(path: PathLike, suffixes: Optional[Sequence[str]] = None) -> Path:
     """Checks, before any work, that a file can be written at `path`.
 
+    A symbolic link is checked where `atomic_path` writes: at its target, in the target's
+    folder (a link whose target does not exist yet is an output like any other, but its
+    target's folder must exist).
+
     Args:
       path: the file to write.
       suffixes: allowed suffixes (lower case, with the dot), or None for any.
@@ -108,11 +112,15 @@ def check_output_path(path: PathLike, suffixes: Optional[Sequence[str]] = None) 
                               "file it writes)")
     if suffixes is not None and path.suffix.lower() not in suffixes:
         raise OutputPathError(path, f"the name must end in {', '.join(suffixes)}")
-    folder = path.parent
+    # A link is written at its target (`atomic_path`), so its target's folder is checked,
+    # and named: a dangling link's own folder tells nothing.
+    link = path.is_symlink()
+    folder = Path(os.path.realpath(path)).parent if link else path.parent
+    where = f"a symbolic link to {os.path.realpath(path)}, whose folder " if link else ""
     if not folder.exists():
-        raise OutputPathError(path, f"folder {folder} does not exist")
+        raise OutputPathError(path, f"{where or 'folder '}{folder} does not exist")
     if not folder.is_dir():
-        raise OutputPathError(path, f"{folder} is not a directory")
+        raise OutputPathError(path, f"{where}{folder} is not a directory")
     if path.exists() and not os.access(path, os.W_OK):
         raise OutputPathError(path, "the file exists and is read-only")
     check_writable_folder(folder, path)

@@ -14,6 +14,7 @@ import importlib
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -31,6 +32,7 @@ from gclab.memory.config import RECIPES, MemoryConfig, get_recipe
 from gclab.model.graphcast import graph_inputs, make_network
 from gclab.model.reference import FixtureError, load_fixture, run_checks
 from gclab.notebook import guarded_grid
+from gclab.parallel.processes import MAX_CPU_DEVICES, initialize_processes, use_cpu_devices
 from gclab.sizing import analytical, planner
 from gclab.sizing.step import StepSpec, compile_train_step, train_step_abstract
 from gclab.training.data import SyntheticWeather
@@ -124,11 +126,39 @@ SENSELESS = [
     (["memory", *TINY_NET, "--parallel", "pipeline:2,stage-steps:1/2"],
      ["--parallel pipeline:2,stage-steps:1/2", "add up to the processor's 2"]),
     (["memory", *TINY_NET, "--parallel", "pipeline:2,stage-steps:2"],
-     ["--parallel pipeline:2,stage-steps:2", "ParallelConfig.stage_steps", "2 integers"]),
+     ["--parallel pipeline:2,stage-steps:2: stage-steps:2 is invalid: 2 numbers separated by "
+      "'/', one per stage of pipeline:2"]),
     (["memory", *TINY_NET, "--parallel", "pipeline:2,stage-remat:2/0"],
      ["--parallel pipeline:2,stage-remat:2/0", "stage 0 has 1 steps, fewer than 2"]),
     (["memory", *TINY_NET, "--parallel", "microbatches:2"],
-     ["--parallel microbatches:2", "ParallelConfig.pipeline", "> 1"]),
+     ["--parallel microbatches:2: microbatches:2 is invalid without a pipeline",
+      "pipeline:P with P >= 2"]),
+    (["memory", *TINY_NET, "--parallel", "data:0"], ["--parallel data:0: data:0 is invalid"]),
+    (["memory", *TINY_NET, "--parallel", "spatial:2,mesh-nodes:whole"],
+     ["mesh-nodes:whole is invalid: one of split, replicated"]),
+    (["memory", *TINY_NET, "--parallel", "pipeline:2,stage-steps:1/1,stage-remat:2/0"],
+     ["stage-remat:2/0 is invalid: at most each stage's steps (stage 0 has 1, not 2)"]),
+    # More simulated devices in one process than JAX's CPU backend runs: refused before JAX
+    # is asked for them (it would take them, then fail at the first compile).
+    (["memory", *TINY_NET, "--parallel", "spatial:3000"],
+     ["--parallel spatial:3000: at most 2048 devices in one process", "not 3000"]),
+    (["train", *TINY_NET, "--train-steps", "1", "--devices", "2049", "--batch", "2049"],
+     ["--devices 2049: at most 2048 devices in one process"]),
+    (["plan", *TINY_NET, "--budget", "1GiB", "--devices", "2053"],
+     ["--devices 2053: at most 2048"]),
+    # A remat group larger than the processor: the network would quietly take one group.
+    (["memory", *TINY_NET, "--remat", "every:100"],
+     ["--remat every:100: K in 1..2 for this model (2 processor steps)"]),
+    (["timeline", *TINY_NET, "--remat", "nested:3,policy=dots"], ["--remat nested:3,policy=dots"]),
+    (["train", *TINY_NET, "--train-steps", "1", "--remat", "nested:3"],
+     ["--remat nested:3: K in 1..2"]),
+    # Options `plan` would ignore.
+    (["plan", *TINY, "--budget", "8GiB", "--recipes", "lean"],
+     ["--recipes lean: only with --devices N, N >= 2"]),
+    (["plan", *TINY, "--budget", "8GiB", "--devices", "1", "--recipes", "lean,none"],
+     ["--recipes lean,none: only with --devices N"]),
+    (["plan", *TINY, "--budget", "8GiB", "--devices", "2", "--compiled", "no"],
+     ["--compiled no: only without --devices"]),
     (["plan", *TINY_NET, "--budget", "1GiB", "--devices", "0"], ["--devices 0"]),
     (["timeline", *TINY_NET, "--recipe", "none,,lean"], ["--recipe none,,lean"]),
     (["timeline", *TINY_NET, "--peak", "0"], ["--peak 0", ">= 1"]),
@@ -323,6 +353,127 @@ def test_a_malformed_coordinator_variable_is_one_line(address, monkeypatch, caps
     assert cli.main(["train", *TINY_NET, "--train-steps", "1"]) == 2
     assert (f"JAX_COORDINATOR_ADDRESS={cli._shown(address)}: HOST:PORT with PORT in 1..65535"
             in one_line_error(capsys, "train"))
+
+
+# (environment, argv, the line): a bad value of a variable names the variable, not an option.
+ENVIRONMENT = [
+    ({"JAX_NUM_PROCESSES": "0"}, ["train", *TINY_NET, "--train-steps", "1"],
+     "JAX_NUM_PROCESSES=0: an integer >= 1"),
+    ({"JAX_NUM_PROCESSES": "3"}, ["train", *TINY_NET, "--train-steps", "1"],
+     "JAX_NUM_PROCESSES=3: it must divide the layout's 1 devices"),
+    ({"JAX_NUM_PROCESSES": "2", "JAX_PROCESS_ID": "5"}, ["train", *TINY_NET, "--train-steps", "1"],
+     "JAX_PROCESS_ID=5: an integer in 0..num-processes - 1 (0..1 here)"),
+    ({"JAX_NUM_PROCESSES": "2"}, ["train", *TINY_NET, "--train-steps", "1", "--devices", "2",
+                                  "--batch", "2"],
+     "JAX_NUM_PROCESSES=2: several processes need process 0's address: --coordinator"),
+    ({"JAX_NUM_PROCESSES": "2", "JAX_COORDINATOR_ADDRESS": "127.0.0.1:1"},
+     ["train", *TINY_NET, "--train-steps", "1", "--devices", "2", "--batch", "2"],
+     "JAX_COORDINATOR_ADDRESS=127.0.0.1:1: each of the 2 processes needs its index: "
+     "--process-id I (or JAX_PROCESS_ID)"),
+    ({"XLA_PYTHON_CLIENT_MEM_FRACTION": "most"}, ["plan", *TINY, "--budget", "T4"],
+     "XLA_PYTHON_CLIENT_MEM_FRACTION=most: a number in (0, 1]"),
+    ({"XLA_PYTHON_CLIENT_MEM_FRACTION": "2"}, ["plan", *TINY, "--budget", "H100", "--devices", "2"],
+     "XLA_PYTHON_CLIENT_MEM_FRACTION=2: a number in (0, 1]"),
+]
+
+
+@pytest.mark.parametrize("env,argv,line", ENVIRONMENT, ids=lambda v: str(v)[:50])
+def test_a_bad_environment_variable_is_named_not_an_option(env, argv, line, monkeypatch, capsys,
+                                                           no_work):
+    for name in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert cli.main(argv) == 2
+    err = one_line_error(capsys, argv[0])
+    assert f"error: {line}" in err, err
+
+
+def test_a_bad_memory_fraction_does_not_matter_to_a_budget_in_bytes(monkeypatch, capsys):
+    monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", "most")
+    assert cli.main(["plan", *TINY, "--budget", "8GiB", "--compiled", "no"]) == 0
+    assert cli.main(["plan", *TINY, "--budget", "T5"]) == 2  # still the option's fault
+    assert "--budget T5: a number of bytes" in one_line_error(capsys, "plan")
+
+
+def test_process_0s_port_in_use_is_one_line(monkeypatch, capsys, no_work):
+    """JAX would fail to serve there, as often by a segmentation fault as by an error."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        address = f"127.0.0.1:{taken.getsockname()[1]}"
+        assert cli.main(["train", *TINY_NET, "--train-steps", "1", "--coordinator", address,
+                         "--num-processes", "1", "--process-id", "0"]) == 2
+    assert (f"--coordinator {address}: its port is in use on this host, where process 0 serves "
+            "the run: choose a free port") in one_line_error(capsys, "train")
+
+
+# (argv, the option given ''): an empty path would mean the working directory.
+EMPTY_PATHS = [
+    (["graph", *TINY, "--save", ""], "--save"),
+    (["timeline", *TINY_NET, "--plot", ""], "--plot"),
+    (["sweep", *TINY, "--out", ""], "--out"),
+    (["train", *TINY_NET, "--train-steps", "1", "--checkpoint-dir", ""], "--checkpoint-dir"),
+    (["train", *TINY_NET, "--train-steps", "1", "--save-checkpoint", ""], "--save-checkpoint"),
+    (["train", "--init-checkpoint", "", "--train-steps", "1"], "--init-checkpoint"),
+    (["train", *TINY_NET, "--train-steps", "1", "--data", "", "--stats", "x"], "--data"),
+    (["stats", "--out", "", "--data", "x.nc"], "--out"),
+    (["forecast", "--out", "", "--checkpoint", "c.npz"], "--out"),
+    (["forecast", "--stats", "", "--checkpoint", "c.npz"], "--stats"),
+    (["reference", ""], "PATH.npz"),
+]
+
+
+@pytest.mark.parametrize("argv,option", EMPTY_PATHS, ids=[f"{a[0]} {o}" for a, o in EMPTY_PATHS])
+def test_an_empty_path_is_refused(argv, option, capsys, no_work):
+    assert cli.main(argv) == 2
+    assert f"{option} '': a path, not an empty one (it would mean the working directory)" in (
+        one_line_error(capsys, argv[0]))
+
+
+def _dangling_link_cases(tmp_path):
+    """(argv, option, link): each output a symbolic link into a folder that does not exist;
+    the option comes first, so that it is what argparse reads (and refuses) first."""
+    def link(name):
+        path = tmp_path / name
+        path.symlink_to(tmp_path / "missing" / name)
+        return str(path)
+
+    return [
+        (["graph", *TINY, "--save", link("g.npz")], "--save"),
+        (["sweep", *TINY, "--out", link("s.json")], "--out"),
+        (["timeline", *TINY_NET, "--plot", link("t.png")], "--plot"),
+        (["train", "--save-checkpoint", link("w.npz"), *TINY_NET, "--train-steps", "1"],
+         "--save-checkpoint"),
+        (["train", "--checkpoint-dir", link("ckpt"), *TINY_NET, "--train-steps", "1"],
+         "--checkpoint-dir"),
+        (["forecast", "--out", link("f.nc"), "--checkpoint", "c.npz"], "--out"),
+        (["stats", "--out", link("stats"), "--data", "x.nc"], "--out"),
+    ]
+
+
+@pytest.mark.parametrize("case", range(7))
+def test_a_dangling_link_is_checked_where_it_points(case, tmp_path, capsys, no_work):
+    """A link is written at its target (`atomic_path`): its target's folder is checked before
+    any work, not the link's own."""
+    argv, option, link = [(a, o, a[a.index(o) + 1]) for a, o in _dangling_link_cases(tmp_path)
+                          ][case]
+    assert cli.main(argv) == 2
+    err = one_line_error(capsys, argv[0])
+    assert f"{option} {link}: " in err, err
+    assert (f"a symbolic link to {tmp_path / 'missing' / Path(link).name}, whose folder "
+            f"{tmp_path / 'missing'} does not exist") in err, err
+    assert not (tmp_path / "missing").exists()
+
+
+def test_a_dangling_link_into_a_folder_that_exists_is_written_through(tmp_path, capsys):
+    link = tmp_path / "g.npz"
+    link.symlink_to(tmp_path / "target.npz")
+    assert cli.main(["graph", *TINY, "--save", str(link)]) == 0
+    assert link.is_symlink() and (tmp_path / "target.npz").stat().st_size > 0
+    with pytest.raises(OutputPathError, match="a symbolic link to .*, whose folder .* does not"):
+        (tmp_path / "l.json").symlink_to(tmp_path / "missing" / "x.json")
+        check_output_path(tmp_path / "l.json")
 
 
 @pytest.mark.skipif(not Path("/dev/null").exists(), reason="needs /dev/null")
@@ -703,6 +854,9 @@ API = [
      "activation_bytes=-4"),
     (lambda: sweep_lib.save_sweep([ROW], "x.json"), "save_sweep needs a DataFrame"),
     (lambda: check_output_path(123), "a path must be a str or os.PathLike"),
+    (lambda: use_cpu_devices(MAX_CPU_DEVICES + 1), "JAX's CPU backend runs in one process (at "
+     "most 2048)"),
+    (lambda: initialize_processes("127.0.0.1:1", 2, 0, timeout=0), "timeout=0 is invalid"),
 ]
 
 
@@ -750,3 +904,28 @@ def test_no_traceback_end_to_end(argv, words, tmp_path):
     assert proc.stderr.count("\n") == 1 and words in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr and proc.stdout == ""
 
+
+# One sharded sum over the first N of JAX's CPU devices, for each N given: its result or
+# JAX's error, a line each.
+_DEVICES_SCRIPT = """
+import sys, jax, numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+jax.config.update("jax_num_cpu_devices", max(map(int, sys.argv[1:])))
+for n in map(int, sys.argv[1:]):
+    mesh = Mesh(np.array(jax.devices()[:n]), ("x",))
+    x = jax.device_put(np.ones(n, np.float32), NamedSharding(mesh, PartitionSpec("x")))
+    try:
+        print(float(jax.jit(lambda a: a.sum())(x)))
+    except Exception as e:
+        print(str(e).splitlines()[0])
+"""
+
+
+def test_the_cpu_device_limit_is_jaxs():
+    """`MAX_CPU_DEVICES` is where JAX's CPU backend stops: a computation over that many
+    devices runs, over one more it fails (JAX accepts the device count itself)."""
+    proc = subprocess.run([sys.executable, "-c", _DEVICES_SCRIPT, str(MAX_CPU_DEVICES),
+                           str(MAX_CPU_DEVICES + 1)], capture_output=True, text=True, timeout=300)
+    most, more = proc.stdout.splitlines()
+    assert most == f"{float(MAX_CPU_DEVICES)}", proc.stdout + proc.stderr[-2000:]
+    assert "Multiprocess computations aren't implemented on the CPU backend" in more, more

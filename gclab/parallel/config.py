@@ -27,7 +27,7 @@ from typing import Optional
 
 import numpy as np
 
-from gclab.config import invalid, is_int
+from gclab.config import ConfigError, invalid, is_int
 
 # The device mesh's axis names, outermost first (`data` is the slowest-varying axis, so on
 # several hosts a host's devices share a data slice and split space among themselves).
@@ -179,8 +179,14 @@ def parse_parallel_spec(spec: str) -> ParallelConfig:
 
     Raises:
       ValueError: a malformed spec or an axis named twice (the message lists what is
-        accepted), or an invalid size (the message names the field).
+        accepted), or an invalid size (a `ConfigError` naming the field; `spec_error` says
+        it in the spec's words).
     """
+    return ParallelConfig(**_spec_sizes(spec))
+
+
+def _spec_sizes(spec: str) -> dict:
+    """`ParallelConfig`'s fields as a well-formed spec gives them (not yet checked)."""
     sizes: dict = {}
     items = spec.split(",") if isinstance(spec, str) and spec.strip() else [None]
     for item in items:
@@ -197,7 +203,32 @@ def parse_parallel_spec(spec: str) -> ParallelConfig:
         if m is None or m.group(1) in sizes:
             raise ValueError(f"malformed parallel spec {spec!r}; accepted: {PARALLEL_SPEC_HELP}")
         sizes[m.group(1)] = int(m.group(2))
-    return ParallelConfig(**sizes)
+    return sizes
+
+
+def _spec_item(field: str, value) -> str:
+    """A spec item as written: `stage-steps:2/2`, `data:0`."""
+    text = "/".join(map(str, value)) if isinstance(value, tuple) else value
+    return f"{field.replace('_', '-')}:{text}"
+
+
+def spec_error(spec: str, error: ConfigError) -> str:
+    """`parse_parallel_spec(spec)`'s `error` in the spec's words (`stage-steps:2 is invalid:
+    ...`), for a command line, whose user wrote a spec, not `ParallelConfig`'s fields."""
+    sizes, field = _spec_sizes(spec), error.field
+    if field == "pipeline" and sizes.get("pipeline", 1) >= 1:  # an item only a pipeline has
+        given = next(f for f in ("microbatches", "stage_steps", "stage_remat") if f in sizes)
+        return (f"{_spec_item(given, sizes[given])} is invalid without a pipeline: it needs "
+                "pipeline:P with P >= 2")
+    item = _spec_item(field, sizes[field])
+    if field in ("stage_steps", "stage_remat"):
+        p = sizes.get("pipeline", 1)
+        if len(sizes[field]) != p:
+            return (f"{item} is invalid: {p} numbers separated by '/', one per stage of "
+                    f"pipeline:{p}")
+        if field == "stage_steps":
+            return f"{item} is invalid: every stage has 1 step or more"
+    return f"{item} is invalid: {error.allowed}"
 
 
 def layouts(devices: int) -> list[ParallelConfig]:

@@ -20,15 +20,25 @@ import jax
 COORDINATOR_ENV = "JAX_COORDINATOR_ADDRESS"
 NUM_PROCESSES_ENV = "JAX_NUM_PROCESSES"
 PROCESS_ID_ENV = "JAX_PROCESS_ID"
+#: The most CPU devices JAX's CPU backend runs in one process: it numbers a process's devices
+#: from process_index * 2048, so a 2049th device reads as another process's, and every
+#: computation over it fails ("Multiprocess computations aren't implemented on the CPU
+#: backend"; measured with JAX 0.10.2, where 2048 devices compile and 2049 do not).
+MAX_CPU_DEVICES = 2048
+#: Seconds `initialize_processes` waits for every process to join (JAX's own default).
+DEFAULT_INIT_TIMEOUT = 300
 
 
 def use_cpu_devices(n: int) -> None:
     """Makes JAX's CPU backend offer `n` devices (before JAX has started its backends).
 
     Raises:
-      ValueError: JAX has already started with fewer than `n` CPU devices (the setting
-        can no longer change; start a fresh process).
+      ValueError: more than `MAX_CPU_DEVICES`, or JAX has already started with fewer than
+        `n` CPU devices (the setting can no longer change; start a fresh process).
     """
+    if n > MAX_CPU_DEVICES:  # JAX accepts the setting, then fails at the first compile
+        raise ValueError(f"{n} CPU devices is more than JAX's CPU backend runs in one process "
+                         f"(at most {MAX_CPU_DEVICES})")
     try:
         jax.config.update("jax_num_cpu_devices", n)
     except RuntimeError:  # backends already started: fine if there are enough devices
@@ -42,7 +52,8 @@ def use_cpu_devices(n: int) -> None:
 
 def initialize_processes(coordinator: Optional[str] = None,
                          num_processes: Optional[int] = None,
-                         process_id: Optional[int] = None) -> bool:
+                         process_id: Optional[int] = None,
+                         timeout: int = DEFAULT_INIT_TIMEOUT) -> bool:
     """Joins a multi-process run through `jax.distributed.initialize`.
 
     Each argument left None is read from its environment variable (`COORDINATOR_ENV`,
@@ -52,13 +63,17 @@ def initialize_processes(coordinator: Optional[str] = None,
       coordinator: `HOST:PORT` of process 0's coordination service.
       num_processes: processes in the run.
       process_id: this process's index, 0..num_processes - 1.
+      timeout: seconds to wait for every process to join. When they have not, JAX ends
+        the process in C++ (an abort, not a Python exception); `gclab.cli` says so in one
+        line before that.
 
     Returns:
       True if the process joined a run of more than one process, False if there is
       nothing to join (no coordinator given).
 
     Raises:
-      ValueError: a coordinator without a process count and id, or an id out of range.
+      ValueError: a coordinator without a process count and id, an id out of range, or a
+        timeout that is not a positive integer.
     """
     coordinator = coordinator or os.environ.get(COORDINATOR_ENV)
     if num_processes is None and os.environ.get(NUM_PROCESSES_ENV):
@@ -74,6 +89,8 @@ def initialize_processes(coordinator: Optional[str] = None,
     if num_processes < 1 or not 0 <= process_id < num_processes:
         raise ValueError(f"process id {process_id} is invalid: an integer in "
                          f"0..{num_processes - 1}")
+    if isinstance(timeout, bool) or not isinstance(timeout, int) or timeout < 1:
+        raise ValueError(f"timeout={timeout!r} is invalid: an integer >= 1 (seconds)")
     jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes,
-                               process_id=process_id)
+                               process_id=process_id, initialization_timeout=timeout)
     return num_processes > 1

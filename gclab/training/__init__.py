@@ -26,7 +26,15 @@ from gclab.training.layout import (
     place_step_args,
     step_shardings,
 )
-from gclab.training.loop import RestoreError, TrainResult, restore_state, save_state, train
+from gclab.training.loop import (
+    RestoreError,
+    ScheduleMismatch,
+    TrainingDiverged,
+    TrainResult,
+    restore_state,
+    save_state,
+    train,
+)
 from gclab.training.losses import (
     channel_weights,
     latitude_weights,
@@ -50,8 +58,8 @@ from gclab.training.step import (
 
 __all__ = [
     "abstract_step_args", "check_batch", "make_sharded_train_step", "place_example",
-    "place_step_args", "step_shardings", "RestoreError", "TrainResult", "restore_state",
-    "save_state", "train",
+    "place_step_args", "step_shardings", "RestoreError", "ScheduleMismatch", "TrainResult",
+    "TrainingDiverged", "restore_state", "save_state", "train",
     "Example", "Normalization", "RawExample", "SyntheticWeather", "TrainConfig", "TrainState",
     "channel_weights", "example_shapes", "init_state_from_params", "input_variable_channels",
     "latitude_weights", "level_weights", "loss_and_grad", "loss_weights", "make_optimizer",

@@ -18,6 +18,7 @@ import dataclasses
 import gc
 import inspect
 import logging
+import math
 import os
 import sys
 import warnings
@@ -90,6 +91,46 @@ class RestoreError(ValueError):
 
     The message names the step and what is wrong, not the folder (the caller names it).
     """
+
+
+class ScheduleMismatch(RestoreError):
+    """The latest checkpoint was saved by a run of another schedule: resuming it with this
+    one would change the run (the learning rate of every later step).
+
+    Attributes:
+      step: the checkpoint's step.
+      name: the `train` argument that differs (one of `RUN_SETTINGS`).
+      stored: its value in the checkpoint.
+      given: its value now.
+    """
+
+    def __init__(self, step: int, name: str, stored, given) -> None:
+        super().__init__(f"step {step} was saved by a run with {name}={stored!r}, not "
+                         f"{given!r} (resume with the same value, or start another folder)")
+        self.step, self.name, self.stored, self.given = step, name, stored, given
+
+
+class TrainingDiverged(ValueError):
+    """A step's loss or gradient norm is not finite: the weights it made are NaN or infinite.
+
+    Nothing of the run is saved (a checkpoint saved before stays as it was).
+
+    Attributes:
+      step: the step, counted from 1 (the first step a run takes is step 1).
+      loss: its loss.
+      grad_norm: its global gradient norm.
+    """
+
+    def __init__(self, step: int, loss: float, grad_norm: float) -> None:
+        super().__init__(f"the loss is {loss:g} at step {step} (gradient norm {grad_norm:g}): "
+                         f"training diverged, and nothing was saved")
+        self.step, self.loss, self.grad_norm = step, loss, grad_norm
+
+
+#: The `train` arguments a checkpoint records (orbax's custom metadata of its step), which
+#: a resumed run must repeat: they set the learning rate of every step. Checkpoints saved
+#: before they were recorded resume unchecked.
+RUN_SETTINGS = ("schedule_steps", "learning_rate")
 
 
 def _checkpoint_manager(directory: str) -> ocp.CheckpointManager:
@@ -200,11 +241,38 @@ def restore_state(directory: str, like: TrainState) -> Optional[TrainState]:
                                         jax.tree_util.tree_leaves(restored))
 
 
-def save_state(directory: str, state: TrainState) -> int:
-    """Saves `state` under `directory` at its step count; returns that step."""
+def check_run_settings(directory: str, settings: dict) -> None:
+    """Raises `ScheduleMismatch` if the latest checkpoint under `directory` recorded other
+    values of `settings` (`RUN_SETTINGS`). A folder without a checkpoint, a checkpoint that
+    recorded none (saved before they were recorded) or one whose metadata cannot be read
+    passes (restoring it reports the damage)."""
+    if not os.path.isdir(directory):
+        return
+    with _quiet_orbax():
+        manager = _checkpoint_manager(directory)
+        step = manager.latest_step()
+        if step is None:
+            return
+        try:
+            stored = dict(manager.metadata(step).custom_metadata or {})
+        except Exception:  # noqa: BLE001 - damaged: `restore_state` names what is wrong
+            return
+    for name in RUN_SETTINGS:
+        if name in stored and name in settings and stored[name] != settings[name]:
+            raise ScheduleMismatch(step, name, stored[name], settings[name])
+
+
+def save_state(directory: str, state: TrainState, settings: Optional[dict] = None) -> int:
+    """Saves `state` under `directory` at its step count; returns that step.
+
+    Args:
+      directory: the checkpoint folder.
+      state: what to save.
+      settings: recorded with the step (`RUN_SETTINGS`), for `check_run_settings`.
+    """
     manager = _checkpoint_manager(directory)
     step = int(jax.device_get(state.step))
-    manager.save(step, args=ocp.args.StandardSave(state))
+    manager.save(step, args=ocp.args.StandardSave(state), custom_metadata=settings or {})
     manager.wait_until_finished()
     return step
 
@@ -247,10 +315,15 @@ def train(model: ModelConfig, task: TaskConfig, steps: int, *, batch: int = 1,
       ValueError: a batch that does not fit the layout, a layout with more devices than
         JAX has, or `steps` < 1.
       RestoreError: the latest checkpoint in `checkpoint_dir` is damaged or another
-        model's.
+        model's; `ScheduleMismatch` (checked before any work) when it was saved by a run
+        with another `schedule_steps` or `learning_rate`.
+      TrainingDiverged: a step's loss or gradient norm is not finite (nothing is saved).
     """
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps={steps!r} is invalid: an integer >= 1")
+    settings = {"schedule_steps": schedule_steps, "learning_rate": learning_rate}
+    if checkpoint_dir is not None:
+        check_run_settings(checkpoint_dir, settings)
     memory = memory or MemoryConfig()
     parallel = parallel or ParallelConfig()
     graphs = graphs_for(model)
@@ -291,8 +364,13 @@ def train(model: ModelConfig, task: TaskConfig, steps: int, *, batch: int = 1,
         if mesh is not None:
             example = place_example(mesh, example)
         state, metrics = step_fn(state, graph, example)
-        metrics = jax.device_get(metrics)
+        metrics = jax.device_get(metrics)  # every step's: checking them costs no extra sync
         losses.append(float(metrics["loss"]))
         grad_norms.append(float(metrics["grad_norm"]))
-    saved = save_state(checkpoint_dir, state) if checkpoint_dir is not None else None
+        # A non-finite gradient makes every weight NaN in this step's update: stop before a
+        # later step or the save below spends time on them or keeps them.
+        if not (math.isfinite(losses[-1]) and math.isfinite(grad_norms[-1])):
+            raise TrainingDiverged(k + 1, losses[-1], grad_norms[-1])
+    saved = (save_state(checkpoint_dir, state, settings) if checkpoint_dir is not None
+             else None)
     return TrainResult(losses, start, max(start, steps), grad_norms, saved, state)

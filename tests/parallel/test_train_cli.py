@@ -68,6 +68,7 @@ def gclab(*argv: str, extra_env: dict | None = None, wait: bool = True):
     (["--train-steps", "2", "--coordinator", "nowhere"], "--coordinator nowhere: HOST:PORT"),
     (["--train-steps", "2", "--num-processes", "2", "--process-id", "2"],
      "--process-id 2: an integer in 0..num-processes - 1"),
+    (["--train-steps", "2", "--coordinator-timeout", "0"], "--coordinator-timeout 0: an integer"),
 ])
 def test_train_errors_are_one_line_with_exit_status_2(argv, message, capsys):
     assert main(["train", *TINY, *argv]) == 2
@@ -86,6 +87,78 @@ def test_resumed_run_has_the_losses_of_an_uninterrupted_one(tmp_path, capsys):
                    ckpt, "--json")
     assert second["first_step"] == 2 and second["checkpoint_step"] == 4
     assert first["losses"] + second["losses"] == straight["losses"]
+
+
+def test_resuming_with_another_schedule_is_refused(tmp_path, capsys):
+    """The schedule sets every later step's learning rate: a resumed run must keep it. The
+    checkpoint records it (orbax's custom metadata of its step); one saved before it did
+    resumes unchecked."""
+    ckpt = tmp_path / "ckpt"
+    here(capsys, "train", *TINY, "--train-steps", "1", "--checkpoint-dir", str(ckpt), "--json")
+    for option, value, stored in (("--schedule-steps", "500", "1000"),
+                                  ("--learning-rate", "0.01", "0.001")):
+        assert main(["train", *TINY, "--train-steps", "2", "--checkpoint-dir", str(ckpt),
+                     option, value]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1, err
+        assert err.startswith(f"gclab train: error: {option} {value}: the checkpoint in "
+                              f"--checkpoint-dir {ckpt} (step 1) was trained with {option} "
+                              f"{stored}; resume with that"), err
+    assert sorted(os.listdir(ckpt)) == ["1"]
+    # A checkpoint of an earlier gclab, which recorded no schedule, resumes with any.
+    metadata = ckpt / "1" / "_CHECKPOINT_METADATA"
+    record = json.loads(metadata.read_text())
+    assert record.pop("custom_metadata") == {"schedule_steps": 1000, "learning_rate": 0.001}
+    metadata.write_text(json.dumps(record))
+    resumed = here(capsys, "train", *TINY, "--train-steps", "2", "--checkpoint-dir", str(ckpt),
+                   "--schedule-steps", "500", "--json")
+    assert resumed["first_step"] == 1 and resumed["checkpoint_step"] == 2
+
+
+def test_a_run_that_diverges_stops_and_saves_nothing(tmp_path, capsys):
+    """A learning rate of 1e30 with no warm-up: step 1's update is finite but huge, step 2's
+    loss is NaN. The run stops there with one line and exit status 1; the checkpoint of
+    step 1 stays as it was, and neither a checkpoint nor --save-checkpoint gets NaN weights."""
+    ckpt, weights = tmp_path / "ckpt", tmp_path / "weights.npz"
+    lr = ["--learning-rate", "1e30", "--schedule-steps", "1"]
+    here(capsys, "train", *TINY, "--train-steps", "1", *lr, "--checkpoint-dir", str(ckpt),
+         "--json")
+    step1 = {f.relative_to(ckpt): f.read_bytes() for f in ckpt.rglob("*") if f.is_file()}
+    assert main(["train", *TINY, "--train-steps", "4", *lr, "--checkpoint-dir", str(ckpt),
+                 "--save-checkpoint", str(weights)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert err.startswith("gclab train: error: the loss is nan at step 2 (gradient norm "), err
+    assert (f"training diverged and nothing was saved; earlier checkpoints in --checkpoint-dir "
+            f"{ckpt} are kept; try a lower --learning-rate (now 1e+30)") in err, err
+    assert not weights.exists()
+    assert {f.relative_to(ckpt): f.read_bytes() for f in ckpt.rglob("*") if f.is_file()} == step1
+
+
+def test_processes_that_do_not_all_join_stop_with_one_line():
+    """Nothing answers process 1 at its coordinator; process 0 (a coordinator of its own) waits
+    for a process 1 that never comes. Each says so in one line, exit status 1, after
+    --coordinator-timeout: not JAX's abort (XLA's DEADLINE_EXCEEDED check failure and stack
+    trace), which comes only JOIN_GRACE_SECONDS later."""
+    alone = ["--train-steps", "1", "--devices", "2", "--batch", "2", "--num-processes", "2",
+             "--coordinator-timeout", "2"]
+    addresses = [f"127.0.0.1:{free_port()}" for _ in range(2)]
+    procs = [gclab("train", *TINY, *alone, "--coordinator", address, "--process-id", str(i),
+                   wait=False) for i, address in zip((1, 0), addresses)]
+    try:
+        outs = [p.communicate(timeout=TIMEOUT) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    nobody, missing = [err for _, err in outs]
+    assert [p.returncode for p in procs] == [1, 1], (nobody[-3000:], missing[-3000:])
+    assert nobody == (f"gclab train: error: --coordinator {addresses[0]}: nothing answered there "
+                      "in 2 s: check that process 0 runs with the same address, and that this "
+                      "host can reach it (--coordinator-timeout 2)\n")
+    assert missing == (f"gclab train: error: --coordinator {addresses[1]}: not all 2 processes "
+                       "joined in 2 s: check that each runs with this address, --num-processes 2"
+                       " and its own --process-id (--coordinator-timeout 2)\n")
 
 
 def _truncate_data(step: Path) -> None:
