@@ -112,6 +112,7 @@ def main() -> None:
                       "predicted seconds rank candidates with the card's published "
                       "speeds (the reference card's where the card has none)",
               "rows": []}
+    fresh = []  # this run's rows
     for cluster in clusters:
         devices = CLUSTERS[cluster][0]
         for precision in args.precisions.split(","):
@@ -119,9 +120,8 @@ def main() -> None:
                 batch = devices if b == "devices" else int(b)
                 row = plan_row(cluster, args.preset, batch, precision,
                                args.recipes.split(","))
-                record["rows"].append(row)
-                if args.append:
-                    record["rows"] = merged(record["rows"], args.preset)
+                fresh.append(row)
+                record["rows"] = merged(fresh, args.preset) if args.append else fresh
                 said = row["explanation"].splitlines()[1 if row["fits"] else 0]
                 print(f"{cluster} batch {batch} {precision}: {said} ({row['seconds']} s)",
                       flush=True)

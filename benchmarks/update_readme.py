@@ -223,21 +223,23 @@ def cluster_block() -> str:
     hw = record["hardware"]
     lines = [f"`gclab plan --devices` for the published model (0.25 deg, 37 levels), compiled on "
              f"{hw['simulated_devices']} simulated CPU devices ({hw['cpu_count']}-core "
-             f"{hw['backend']}, jax {hw['jax']}, {hw['date'][:10]}; "
-             "`python benchmarks/cluster_plans.py`):", "",
-             "| cluster | batch | precision | layout | recipe | per device | predicted step |",
-             "|---|---:|---|---|---|---:|---:|"]
+             f"{hw['backend']}, jax {hw['jax']}; "
+             "`python benchmarks/cluster_plans.py`, each row on the date it names):", "",
+             "| cluster | batch | precision | layout | recipe | per device | predicted step "
+             "| recorded |",
+             "|---|---:|---|---|---|---:|---:|---|"]
     for r in record["rows"]:
+        when = r.get("date", hw["date"])[:10]  # rows re-planned with --append carry their own
         if r["fits"]:
             lines.append(f"| {r['cluster']} | {r['batch']} | {r['precision']} | "
                          f"`{r['parallel']}` | `{r['recipe']}` | {_gib(r['per_device_bytes'])} | "
-                         f"{r['predicted_seconds'] * 1e3:.0f} ms |")
+                         f"{r['predicted_seconds'] * 1e3:.0f} ms | {when} |")
         else:
             sized = [c for c in r["candidates"] if "per_device_bytes" in c]
             least = min(sized, key=lambda c: c["per_device_bytes"])
             lines.append(f"| {r['cluster']} | {r['batch']} | {r['precision']} | nothing fits "
                          f"| (smallest: `{least['parallel']}`, `{least['recipe']}`) | "
-                         f"{_gib(least['per_device_bytes'])} | |")
+                         f"{_gib(least['per_device_bytes'])} | | {when} |")
     lines += ["", "Per-device figures are XLA:CPU's compiled totals (arguments, outputs and "
               "temp); a plan fits within 90% of the card's usable memory. Predicted times rank "
               "candidates with each card's published speeds (TPU v4, which has no entry, with "
