@@ -145,12 +145,7 @@ def test_processes_that_do_not_all_join_stop_with_one_line():
     addresses = [f"127.0.0.1:{free_port()}" for _ in range(2)]
     procs = [gclab("train", *TINY, *alone, "--coordinator", address, "--process-id", str(i),
                    wait=False) for i, address in zip((1, 0), addresses)]
-    try:
-        outs = [p.communicate(timeout=TIMEOUT) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
+    outs = finish(procs)
     nobody, missing = [err for _, err in outs]
     assert [p.returncode for p in procs] == [1, 1], (nobody[-3000:], missing[-3000:])
     assert nobody == (f"gclab train: error: --coordinator {addresses[0]}: nothing answered there "
@@ -204,6 +199,17 @@ def report(stdout: str) -> dict:
     return json.loads(stdout[stdout.index("{\n"):])
 
 
+def finish(procs: list) -> list:
+    """The (stdout, stderr) of processes started with `gclab(..., wait=False)`; any left
+    running after `TIMEOUT` is killed."""
+    try:
+        return [p.communicate(timeout=TIMEOUT) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -220,12 +226,7 @@ def test_two_processes_train_like_one_device(capsys):
     procs = [gclab("train", *TINY, *layout, "--coordinator", coordinator,
                    "--num-processes", "2", "--process-id", str(i), wait=False)
              for i in range(2)]
-    try:
-        outs = [p.communicate(timeout=TIMEOUT) for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
+    outs = finish(procs)
     for p, (_, err) in zip(procs, outs):
         assert p.returncode == 0, err[-3000:]
     two = report(outs[0][0])
