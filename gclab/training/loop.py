@@ -154,13 +154,26 @@ def _without_abandoned_reads(hook: Callable) -> Callable:
     return hook_
 
 
+class _AbandonedReadsLog(logging.Filter):
+    """Drops asyncio's report of a task or future whose exception nobody retrieved: after a
+    failed restore, the reads orbax abandoned finish in tensorstore's threads and are
+    reported when collected, which may be any time later (at exit, say)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(("Future exception was never retrieved",
+                                               "Task exception was never retrieved"))
+
+
+_ABANDONED_READS_LOG = _AbandonedReadsLog()
+
+
 @contextlib.contextmanager
 def _quiet_orbax():
     """Orbax's logged warnings unsaid, and the noise of the reads it abandons when one fails
     (asyncio's "exception was never retrieved", unraisable errors, "never awaited"). The
     abandoned tasks and coroutines are collected here, on a failure; the unraisable errors
-    are silenced from the start, and after a failure for good: some come later, from
-    tensorstore's threads."""
+    are silenced from the start, and after a failure, they and asyncio's reports of
+    exceptions never retrieved for good: some come later, from tensorstore's threads."""
     loggers = [logging.getLogger(name) for name in ("absl", "asyncio")]
     levels, hook = [logger.level for logger in loggers], sys.unraisablehook
     for logger in loggers:
@@ -170,6 +183,7 @@ def _quiet_orbax():
     try:
         yield
     except Exception:
+        logging.getLogger("asyncio").addFilter(_ABANDONED_READS_LOG)  # once: a set of filters
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", "coroutine .* was never awaited", RuntimeWarning)
             gc.collect()
