@@ -45,7 +45,13 @@ from matplotlib.backend_bases import FigureCanvasBase
 
 from gclab.config import MAX_INT32, PRESETS, ConfigError, ModelConfig, get_preset, resolve_model
 from gclab.devices import MEM_FRACTION_ENV, card, mem_fraction
-from gclab.files import OutputPathError, atomic_path, check_output_path, check_writable_folder
+from gclab.files import (
+    OutputPathError,
+    atomic_path,
+    check_output_path,
+    check_writable_folder,
+    link_target,
+)
 from gclab.geometry.graphs import load_or_build_graphs, save_graphs
 from gclab.measure.compiled import format_bytes
 from gclab.memory.config import (
@@ -320,13 +326,12 @@ def _missing_parent(text: str) -> Optional[str]:
     A symbolic link (a dangling one here) is created at its target, so the target's parent
     must exist, and is the one named.
     """
-    path = Path(text)
-    if path.is_symlink():
-        target = Path(os.path.realpath(text))
+    target = link_target(text)
+    if target is not None:
         if not target.parent.is_dir():
             return f"a symbolic link to {target}, whose folder {target.parent} does not exist"
-    elif not path.parent.is_dir():
-        return f"no {path.parent}"
+    elif not Path(text).parent.is_dir():
+        return f"no {Path(text).parent}"
     return None
 
 
@@ -1105,10 +1110,10 @@ def cmd_stats(args) -> int:
         stats = compute_stats(args.data)
     except DataError as e:
         raise UsageError(f"--data: {e}") from None
-    Path(os.path.realpath(args.out)).mkdir(exist_ok=True)  # a link's target, if a link
+    (link_target(args.out) or args.out).mkdir(exist_ok=True)
     write_stats(stats, args.out)
-    print(f"wrote mean_by_level.nc, stddev_by_level.nc, diffs_stddev_by_level.nc "
-          f"({len(stats.mean.data_vars)} variables) to {args.out}")
+    print(f"wrote {', '.join(STATS_NAMES)} ({len(stats.mean.data_vars)} variables) to "
+          f"{args.out}")
     return 0
 
 

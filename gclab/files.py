@@ -44,6 +44,13 @@ def _umask() -> int:
     return mask
 
 
+def link_target(path: PathLike) -> Optional[Path]:
+    """Where a symbolic link at `path` leads (its target, which may not exist), or None if
+    `path` is no link: a file or folder written at a link is written there (`atomic_path`),
+    so checks before work look there too."""
+    return Path(os.path.realpath(path)) if Path(path).is_symlink() else None
+
+
 @contextlib.contextmanager
 def atomic_path(path: PathLike) -> Iterator[Path]:
     """A temporary path to write; on success it replaces `path` in one rename.
@@ -114,9 +121,9 @@ def check_output_path(path: PathLike, suffixes: Optional[Sequence[str]] = None) 
         raise OutputPathError(path, f"the name must end in {', '.join(suffixes)}")
     # A link is written at its target (`atomic_path`), so its target's folder is checked,
     # and named: a dangling link's own folder tells nothing.
-    link = path.is_symlink()
-    folder = Path(os.path.realpath(path)).parent if link else path.parent
-    where = f"a symbolic link to {os.path.realpath(path)}, whose folder " if link else ""
+    target = link_target(path)
+    folder = (target or path).parent
+    where = f"a symbolic link to {target}, whose folder " if target else ""
     if not folder.exists():
         raise OutputPathError(path, f"{where or 'folder '}{folder} does not exist")
     if not folder.is_dir():
