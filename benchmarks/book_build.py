@@ -7,7 +7,8 @@ build command there, in a new virtual environment of its own (as on a fresh mach
 ``jupyter-book build . -W --keep-going`` renders them from there).
 Reads each chapter's execution time from the cache the build writes
 (``_build/.jupyter_cache``) and writes ``benchmarks/results/book-build-<backend>.json``
-with the hardware and date. The environment this script runs in is left untouched.
+with the hardware, date, commit and the load average before and after (a busy machine
+inflates every time). The environment this script runs in is left untouched.
 ``--system-packages`` lets the new environment see this Python's installed packages
 (pip then installs only what is missing).
 
@@ -17,6 +18,7 @@ Usage:
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 import time
@@ -62,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
              ["python", "book/run_chapters.py"],
              ["jupyter-book", "build", ".", "-W", "--keep-going"]]
     step_seconds, run_log = {}, fresh.work / "run_chapters.log"
+    load_before = round(os.getloadavg()[0], 2)
     for command in steps:
         code, seconds = fresh.run(command, log=run_log if command[0] == "python" else None)
         if code:
@@ -76,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         "commit": fresh.commit,
         "hardware": hardware(),
         "date": time.strftime("%Y-%m-%d", time.gmtime()),
+        "load_average_1min": {"before": load_before, "after": round(os.getloadavg()[0], 2)},
         "total_seconds": round(sum(step_seconds.values()), 1),
         "step_seconds": step_seconds,
         # Each chapter's time while it shared the machine with the others running beside it.

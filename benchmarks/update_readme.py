@@ -124,8 +124,11 @@ def book_block() -> str:
     floor = (f" The chapters' kernels used {cpu / 60:.1f} minutes of processor time, so on "
              f"{cores} cores no schedule runs them in less than {cpu / cores / 60:.1f} minutes."
              if cpu else "")
+    load = record.get("load_average_1min")  # older records have neither
+    when = "".join([f", commit {record['commit']}" if "commit" in record else "",
+                    f", load average {load['before']:g} before" if load else ""])
     return (f"Measured with `python benchmarks/book_build.py` on a fresh clone "
-            f"({cores}-core {hw['backend']}, {hw['host memory']} RAM, {record['date']}): "
+            f"({cores}-core {hw['backend']}, {hw['host memory']} RAM, {record['date']}{when}): "
             f"{record['total_seconds'] / 60:.1f} minutes in all{pip}{side}{chapters}.{floor}")
 
 
