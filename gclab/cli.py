@@ -44,7 +44,7 @@ import tqdm
 from matplotlib.backend_bases import FigureCanvasBase
 
 from gclab.config import MAX_INT32, PRESETS, ConfigError, ModelConfig, get_preset, resolve_model
-from gclab.devices import MEM_FRACTION_ENV, card, mem_fraction
+from gclab.devices import CARDS, MEM_FRACTION_ENV, card, mem_fraction
 from gclab.files import (
     OutputPathError,
     atomic_path,
@@ -215,11 +215,11 @@ def _model_list(field: str) -> Callable[[str], list[int]]:
     return convert
 
 
-def _count(minimum: int, note: str = "") -> Callable[[str], int]:
+def _count(minimum: int, note: str = "", maximum: int = MAX_INT32) -> Callable[[str], int]:
     def convert(text: str) -> int:
         value = _parse_int(text)
-        if not minimum <= value <= MAX_INT32:
-            raise _bad(text, f"an integer >= {minimum} (and <= {MAX_INT32}){note}")
+        if not minimum <= value <= maximum:
+            raise _bad(text, f"an integer >= {minimum} (and <= {maximum}){note}")
         return value
 
     return convert
@@ -308,7 +308,7 @@ def _parallel(text: str) -> str:
 
 def _host_port(text: str) -> str:
     host, _, port = text.rpartition(":")
-    if not (host and port.isdigit() and 1 <= int(port) <= 65535):
+    if not (host and port.isascii() and port.isdecimal() and 1 <= int(port) <= 65535):
         raise _bad(text, "HOST:PORT with PORT in 1..65535")
     return text
 
@@ -335,14 +335,42 @@ def _missing_parent(text: str) -> Optional[str]:
     return None
 
 
-def _checkpoint_dir(text: str) -> Path:
+def _writable_folder(text: str, what: str) -> Path:
+    """`text` as a folder to write into, checked before any work: an existing folder must
+    take a new file, and a missing one must have a parent (a link's target's) that does, to
+    be created in (`what` names the kind of folder in the message)."""
     path = Path(_not_empty(text))
     if path.exists() and not path.is_dir():
-        raise _bad(text, "a directory (this is a file)")
-    missing = None if path.exists() else _missing_parent(text)
-    if missing:
-        raise _bad(text, f"a directory whose parent exists ({missing})")
+        raise _bad(text, f"a {what} (this is a file)")
+    if not path.exists():
+        missing = _missing_parent(text)
+        if missing:
+            raise _bad(text, f"a {what} whose parent exists ({missing})")
+    try:
+        check_writable_folder(path if path.exists() else (link_target(text) or path).parent)
+    except OutputPathError as e:
+        raise _bad(text, e.reason) from None
     return path
+
+
+def _path_option(convert: Callable[[str], Any]) -> Callable[[str], Any]:
+    """An option type that looks at the file system, with an error there (a folder it may
+    not search, say) said in one line that names the option, as its other checks are."""
+
+    @functools.wraps(convert)
+    def checked(text: str) -> Any:
+        try:
+            return convert(text)
+        except OSError as e:
+            where = f"{e.filename}: " if e.filename and str(e.filename) != text else ""
+            raise _bad(text, f"cannot look at it ({where}{e.strerror or e})") from None
+
+    return checked
+
+
+@_path_option
+def _checkpoint_dir(text: str) -> Path:
+    return _writable_folder(text, "directory")
 
 
 def _without_path(text: str, message: str) -> str:
@@ -388,7 +416,7 @@ class _Input(argparse.Action):
 
     def __call__(self, parser, namespace, values, option_string=None) -> None:
         try:
-            setattr(namespace, self.dest, self.read(_not_empty(values)))
+            setattr(namespace, self.dest, _path_option(self.read)(_not_empty(values)))
         except argparse.ArgumentTypeError as e:  # as argparse reports an option type's
             raise argparse.ArgumentError(self, str(e)) from None
         setattr(namespace, f"{self.dest}_path", values)
@@ -426,20 +454,10 @@ def _check_inputs_kept(args, option: str, path) -> None:
 
 def _output_folder(text: str) -> Path:
     """A folder to write into: created if its parent exists, checked writable now."""
-    path = Path(_not_empty(text))
-    if path.exists() and not path.is_dir():
-        raise _bad(text, "a folder (this is a file)")
-    missing = None if path.exists() else _missing_parent(text)
-    if missing:
-        raise _bad(text, f"a folder whose parent exists ({missing})")
-    if path.exists():
-        try:
-            check_writable_folder(path)
-        except OutputPathError as e:
-            raise _bad(text, e.reason) from None
-    return path
+    return _writable_folder(text, "folder")
 
 
+@_path_option
 def _stats_folder(text: str) -> Path:
     """A folder to write the three statistics files into (`_output_folder`), each checked."""
     path = _output_folder(text)
@@ -461,6 +479,7 @@ def _tolerance(text: str) -> float:
 def _output_file(suffixes: Optional[Sequence[str]] = None) -> Callable[[str], Path]:
     """A file to write: checked now (folder exists and is writable, not a directory)."""
 
+    @_path_option
     def convert(text: str) -> Path:
         _not_empty(text)
         if text == "-":
@@ -690,9 +709,9 @@ def _sweep_cache() -> Optional[Path]:
     if not text:
         return None
     folder = Path(text)
-    if folder.exists() and not folder.is_dir():
-        raise UsageError(f"{SWEEP_CACHE_ENV}={text}: not a directory")
     try:
+        if folder.exists() and not folder.is_dir():
+            raise UsageError(f"{SWEEP_CACHE_ENV}={text}: not a directory")
         folder.mkdir(parents=True, exist_ok=True)
         return check_writable_folder(folder)
     except OSError as e:
@@ -781,7 +800,9 @@ def _add_parallel_args(p: argparse.ArgumentParser, processes: bool = False) -> N
                        help="processes in the run (default $JAX_NUM_PROCESSES)")
         g.add_argument("--process-id", type=_count(0), metavar="I",
                        help="this process's index (default $JAX_PROCESS_ID)")
-        g.add_argument("--coordinator-timeout", type=_count(1), default=DEFAULT_INIT_TIMEOUT,
+        # JAX takes the timeout (ours plus the grace) as a 32-bit count of seconds.
+        g.add_argument("--coordinator-timeout", default=DEFAULT_INIT_TIMEOUT,
+                       type=_count(1, maximum=MAX_INT32 - JOIN_GRACE_SECONDS),
                        metavar="SECONDS", help="how long every process waits for all of them "
                        f"to join before it stops and says what to check ({DEFAULT_INIT_TIMEOUT},"
                        " as JAX)")
@@ -802,7 +823,7 @@ def _env_int(name: str, minimum: int = 0) -> Optional[int]:
     text = os.environ.get(name, "").strip()
     if not text:
         return None
-    if not text.isdigit() or int(text) < minimum:
+    if not (text.isascii() and text.isdecimal()) or int(text) < minimum:
         raise UsageError(f"{name}={_shown(text)}: an integer >= {minimum}")
     return int(text)
 
@@ -1181,8 +1202,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("plan", help="technique settings that fit a memory budget")
     p.add_argument("--budget", type=_budget, required=True,
-                   help="bytes (16GiB, 12GB, 500MiB) or a card: T4, L4, A100-40GB, A100-80GB, "
-                   "H100")
+                   help="bytes (16GiB, 12GB, 500MiB) or a card: " + ", ".join(CARDS))
     _add_model_args(p)
     g = p.add_argument_group("step")
     _add_step_args(g)
@@ -1191,7 +1211,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "(the default: where compiling is quick)")
     g.add_argument("--devices", type=_count(1), metavar="N",
                    help="plan a layout over N devices (every data x spatial layout and recipe "
-                   "is compiled; the budget is per device; simulated CPU devices on a CPU)")
+                   "is compiled, and data x pipeline layouts with stages chosen by MILP are "
+                   "weighed; the budget is per device; simulated CPU devices on a CPU)")
     g.add_argument("--recipes", type=_recipes, metavar="NAME[,NAME...]",
                    help="with --devices: the recipes to consider (default all: "
                    + ", ".join(RECIPES) + ")")
@@ -1271,15 +1292,25 @@ def _check_backend() -> None:
                          + (f": {e}" if str(e) else "")) from None
 
 
-def _one_line_warnings(command: str):
+def _one_line_warnings(command: Optional[str]):
+    who = f"gclab {command}" if command else "gclab"
+
     def show(message, category, filename, lineno, file=None, line=None):
-        print(f"gclab {command}: warning: {message}", file=sys.stderr)
+        print(f"{who}: warning: {message}", file=sys.stderr)
 
     return show
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = build_parser()
+    words = list(sys.argv[1:] if argv is None else argv)
+    named = next((w for w in words if w in parser.commands), None)  # before parsing
+    with warnings.catch_warnings():  # the options' own reads (a dataset's) warn in one line too
+        warnings.showwarning = _one_line_warnings(named)
+        return _main(parser, argv)
+
+
+def _main(parser: argparse.ArgumentParser, argv: Optional[Sequence[str]]) -> int:
     try:
         args, extra = parser.parse_known_args(argv)
         if extra:  # reported by the command's own parser, which names the command
