@@ -1302,6 +1302,12 @@ def _one_line_warnings(command: Optional[str]):
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    for stream in (sys.stdout, sys.stderr):
+        # A path's bytes that are not text in the locale's encoding (a file name in
+        # Latin-1 under UTF-8, say) are printed escaped: a strict stream would fail on
+        # them after the file was written.
+        if getattr(stream, "errors", None) == "strict" and hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
     parser = build_parser()
     words = list(sys.argv[1:] if argv is None else argv)
     named = next((w for w in words if w in parser.commands), None)  # before parsing

@@ -11,6 +11,8 @@ from __future__ import annotations
 import errno
 import os
 import pathlib
+import subprocess
+import sys
 import tempfile
 import warnings
 
@@ -173,3 +175,17 @@ def test_a_warning_while_an_input_is_read_is_one_line(tmp_path, monkeypatch, cap
     err = capsys.readouterr().err.splitlines()
     assert err[0] == "gclab stats: warning: the store has no consolidated metadata", err
     assert len(err) == 2 and err[1].startswith("gclab stats: error: --data "), err
+
+
+@pytest.mark.skipif(os.name != "posix", reason="file names as bytes: POSIX")
+def test_a_file_name_that_is_not_text_in_the_locale_is_written_and_said(tmp_path):
+    """A strict UTF-8 stream (an `en_US.UTF-8` locale, say) cannot print a Latin-1 name: the
+    command would fail, exit 2, after writing the file."""
+    name = os.fsdecode(b"g\xff.npz")
+    env = dict(os.environ, PYTHONIOENCODING="utf-8:strict",
+               GCLAB_CACHE_DIR=str(tmp_path / "graphs"))
+    proc = subprocess.run([sys.executable, "-m", "gclab", "graph", "--resolution", "6",
+                           "--mesh-splits", "2", "--save", name], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, errors="backslashreplace")
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / name).is_file() and "saved to g\\udcff.npz" in proc.stdout
