@@ -10,13 +10,16 @@ rebuilt and says so. Every file gclab writes appears whole or not at all.
 
 from __future__ import annotations
 
+import builtins
 import importlib
+import io
 import json
 import os
 import re
 import socket
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import jax
@@ -614,6 +617,51 @@ def test_unreadable_fixture_files(tmp_path, capsys, no_work):
                         ("absent", "not found")):
         assert cli.main(["reference", str(tmp_path / f"{name}.npz")]) == 2
         assert words in one_line_error(capsys, "reference")
+
+
+def test_a_fixture_header_declaring_more_than_its_member_holds_is_named(tmp_path, capsys,
+                                                                        no_work):
+    path = tmp_path / "fx.npz"
+    np.savez(path, **{k: v for k, v in _fixture_arrays().items() if k != "inputs"})
+    header = io.BytesIO()  # 728 TiB declared: numpy would allocate it before reading
+    np.lib.format.write_array_header_1_0(
+        header, {"descr": "<f8", "fortran_order": False, "shape": (10**14,)})
+    with zipfile.ZipFile(path, "a") as z:
+        z.writestr("inputs.npy", header.getvalue() + bytes(64))
+    assert cli.main(["reference", str(path)]) == 2
+    err = one_line_error(capsys, "reference")  # was "out of memory", naming no file
+    assert f"{path}: " in err and "member inputs.npy: its .npy header declares shape " \
+        "(100000000000000,) of float64 (727.60 TiB), more than the 64 bytes" in err
+
+
+def test_an_unreadable_fixture_is_not_called_a_non_npz_file(tmp_path, monkeypatch, capsys,
+                                                            no_work):
+    # `zipfile.is_zipfile` answers False for a file it cannot open. The file is made
+    # unreadable by `open` itself (root, who runs some test machines, reads any file).
+    path = tmp_path / "locked.npz"
+    path.write_bytes(TINY_FIXTURE.read_bytes())
+    real_open = builtins.open
+
+    def locked_open(file, *args, **kwargs):
+        if os.fspath(file) == str(path):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", locked_open)
+    assert cli.main(["reference", str(path)]) == 2
+    assert f"{path}: cannot read it (Permission denied)" in one_line_error(capsys, "reference")
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads a file without read permission")
+def test_a_fixture_without_read_permission_is_named_unreadable(tmp_path, capsys, no_work):
+    path = tmp_path / "locked.npz"
+    path.write_bytes(TINY_FIXTURE.read_bytes())
+    path.chmod(0)
+    try:
+        assert cli.main(["reference", str(path)]) == 2
+        assert "cannot read it (Permission denied)" in one_line_error(capsys, "reference")
+    finally:
+        path.chmod(0o600)
 
 
 def test_a_fixture_larger_than_memory_is_refused_before_reading(monkeypatch, capsys, no_work):

@@ -43,7 +43,7 @@ from gclab.config import ConfigError, ModelConfig, is_int, is_number
 from gclab.geometry.graphs import build_graphs
 from gclab.geometry.grid_mesh import grid_positions, nearest_flat_faces, point_triangle_distance
 from gclab.geometry.icosahedral import multimesh
-from gclab.limits import TooLarge, host_memory_bytes, require_fits
+from gclab.limits import TooLarge, format_bytes, host_memory_bytes, require_fits
 from gclab.model.graphcast import (
     graph_inputs,
     graph_inputs_from_arrays,
@@ -57,6 +57,10 @@ DEFAULT_TOLERANCE = 1e-5
 # float64 rounding, and trimesh moving a foot of perpendicular onto a face side, which
 # at 7 splits adds up to 6e-8, both stay below it.
 TIE_TOLERANCE = 1e-7
+
+#: What reading a damaged or truncated `.npz` raises: zipfile's and numpy's errors, and
+#: zlib's for the damaged deflate data of a compressed member (`np.savez_compressed`).
+NPZ_ERRORS = (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error)
 
 REQUIRED_KEYS = (
     "grid_lat", "grid_lon", "inputs", "outputs", "outputs_perturbed",
@@ -107,22 +111,17 @@ def load_fixture(path) -> Fixture:
         raise FixtureError(f"{path}: is a folder, not an .npz fixture")
     if not path.is_file():
         raise FixtureError(f"fixture not found: {path}")
-    if not zipfile.is_zipfile(path):
+    try:
+        zipped = is_npz(path)
+    except OSError as e:
+        raise FixtureError(f"{path}: cannot read it ({e.strerror or e})") from None
+    if not zipped:
         raise FixtureError(f"{path}: not an .npz file (numpy zip archive)")
     try:
-        with zipfile.ZipFile(path) as z:
-            unpacked = sum(info.file_size for info in z.infolist())
-    except (OSError, zipfile.BadZipFile) as e:
-        raise FixtureError(f"{path}: not a readable .npz fixture ({e})") from None
-    try:
-        require_fits(f"{path}: reading the fixture's arrays ({unpacked:,} bytes unpacked)",
-                     unpacked, host_memory_bytes(), "this machine's memory")
+        arrays = read_npz(path, "the fixture's arrays")
     except TooLarge as e:
         raise FixtureError(str(e)) from None
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            arrays = {k: data[k] for k in data.files}
-    except (OSError, ValueError, zipfile.BadZipFile, EOFError, zlib.error) as e:
+    except NPZ_ERRORS as e:
         raise FixtureError(f"{path}: not a readable .npz fixture, damaged or truncated "
                            f"({e})") from None
     missing = [k for k in REQUIRED_KEYS if k not in arrays]
@@ -188,6 +187,93 @@ def load_fixture(path) -> Fixture:
             raise FixtureError(f"{path}: {key} has shape {arrays[key].shape}, expected {want}")
     return Fixture(path, arrays, config, int(data_channels), int(out_w.shape[-1]), int(batch),
                    params, pparams, sidecar)
+
+
+def is_npz(path) -> bool:
+    """Whether the file `path` is a zip archive, as every `.npz` file is.
+
+    `zipfile.is_zipfile` answers False for a file it cannot open, so an unreadable file
+    (no read permission) would be reported as "not an .npz"; the file is opened here
+    instead, and that error comes through.
+
+    Raises:
+      OSError: the file cannot be opened (missing, a folder, no permission).
+    """
+    with open(path, "rb") as f:
+        return zipfile.is_zipfile(f)
+
+
+def read_npz(path, what: str) -> dict:
+    """The `{key: array}` dict of the `.npz` file `path`, read without pickle, with what
+    would not fit refused before numpy allocates it.
+
+    Every member's `.npy` header is read first (a few bytes, inflated where the member is
+    compressed) and the bytes its shape and dtype declare are compared with the bytes the
+    member holds: numpy allocates the declared shape before reading the data, so a damaged
+    header (a shape of 10^14, say) would end in a `MemoryError` naming neither the file nor
+    the member. The members' unpacked sizes together must then fit in this machine's memory.
+
+    Args:
+      path: the file, a zip archive (see `is_npz`).
+      what: the arrays, for the message of a file too large ("the fixture's arrays").
+
+    Returns:
+      The arrays under their `np.load` keys (member names without `.npy`).
+
+    Raises:
+      TooLarge: the arrays unpack to more than this machine's memory, or numpy ran out of
+        memory reading one (the message names the file, and the member).
+      NPZ_ERRORS: a damaged or truncated file, or an array that needs pickle; the message
+        of one member's fault starts with "member NAME: ".
+    """
+    with zipfile.ZipFile(path) as z:
+        infos = z.infolist()
+        for info in infos:
+            try:
+                with z.open(info) as member:
+                    _check_npy_header(member, info.file_size)
+            except NPZ_ERRORS as e:
+                raise ValueError(f"member {info.filename}: {_first_line(e)}") from None
+        unpacked = sum(info.file_size for info in infos)
+        require_fits(f"{path}: reading {what} ({unpacked:,} bytes unpacked)", unpacked,
+                     host_memory_bytes(), "this machine's memory")
+        arrays = {}
+        for info in infos:
+            key = info.filename[:-4] if info.filename.endswith(".npy") else info.filename
+            try:
+                with z.open(info) as member:
+                    arrays[key] = np.lib.format.read_array(member, allow_pickle=False)
+            except MemoryError as e:
+                raise TooLarge(f"{path}: reading member {info.filename}: out of memory "
+                               f"({_first_line(e)})") from None
+            except NPZ_ERRORS as e:
+                raise ValueError(f"member {info.filename}: {_first_line(e)}") from None
+    return arrays
+
+
+def _check_npy_header(member, size: int) -> None:
+    """Reads the `.npy` header at the start of `member` (a zip member of `size` bytes
+    unpacked) and raises `ValueError` if its shape and dtype declare more bytes than follow
+    it. Object arrays are left to `read_array`, which refuses them (pickle)."""
+    version = np.lib.format.read_magic(member)
+    # Versions 2.0 and 3.0 differ only in the header's text encoding (latin-1, UTF-8),
+    # which does not change the shape or the itemsize read here.
+    read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                   else np.lib.format.read_array_header_2_0)
+    shape, _, dtype = read_header(member)
+    if dtype.hasobject:
+        return
+    declared = math.prod(shape) * dtype.itemsize  # Python ints: no overflow
+    held = size - member.tell()
+    if declared > held:
+        raise ValueError(f"its .npy header declares shape {shape} of {dtype} "
+                         f"({format_bytes(declared)}), more than the {held:,} bytes of data "
+                         f"it holds")
+
+
+def _first_line(e: BaseException) -> str:
+    """An exception's message in one line (its type where it has none)."""
+    return str(e).splitlines()[0] if str(e) else type(e).__name__
 
 
 def _read_sidecar(json_path: Path) -> Optional[dict]:

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import zipfile
 from typing import Mapping, Union
 
 import numpy as np
@@ -38,8 +37,10 @@ from gclab.config import (
     TaskConfig,
 )
 from gclab.files import atomic_path
+from gclab.limits import TooLarge
 from gclab.model.graphcast import param_shapes
 from gclab.model.official import from_official, to_official
+from gclab.model.reference import NPZ_ERRORS, is_npz, read_npz
 
 PathLike = Union[str, os.PathLike]
 SEP = ":"
@@ -313,18 +314,29 @@ def check_params(params: Mapping, model: ModelConfig, task: TaskConfig,
 
 
 def read_flat(path: PathLike) -> dict:
-    """The `{key: array}` dict of an `.npz` file, read without pickle."""
-    if os.path.isfile(path) and not zipfile.is_zipfile(path):
-        raise CheckpointError(f"{path}: not a checkpoint (an .npz file is a zip archive, "
-                              f"this is not one)")
+    """The `{key: array}` dict of an `.npz` file, read without pickle.
+
+    Raises:
+      CheckpointError: the file is missing, a folder, unreadable, not a zip archive,
+        damaged or truncated (a damaged `.npy` header or deflate stream included: the
+        message names the member), needs pickle, or would not fit in memory.
+    """
     if os.path.isdir(path):
         raise CheckpointError(f"{path}: not a checkpoint (a folder, not an .npz file)")
     try:
-        with np.load(path, allow_pickle=False) as data:
-            return {key: data[key] for key in data.files}
+        zipped = is_npz(path)
     except FileNotFoundError:
         raise CheckpointError(f"{path}: no such file") from None
-    except (OSError, ValueError, zipfile.BadZipFile, EOFError) as e:
+    except OSError as e:  # no permission, say: not to be called "not a zip archive"
+        raise CheckpointError(f"{path}: cannot read it ({e.strerror or e})") from None
+    if not zipped:
+        raise CheckpointError(f"{path}: not a checkpoint (an .npz file is a zip archive, "
+                              f"this is not one)")
+    try:
+        return read_npz(path, "the checkpoint's arrays")
+    except TooLarge as e:
+        raise CheckpointError(str(e)) from None
+    except NPZ_ERRORS as e:
         raise CheckpointError(f"{path}: not a checkpoint (.npz without pickle): "
                               f"{str(e).splitlines()[0] if str(e) else type(e).__name__}"
                               ) from None

@@ -1,9 +1,16 @@
 """Published checkpoint files: lossless round trips, the official key layout, clear errors."""
 
+import builtins
+import io
+import os
+import struct
+import zipfile
+
 import jax
 import numpy as np
 import pytest
 
+from gclab import cli
 from gclab.config import ModelConfig, TaskConfig
 from gclab.geometry import build_graphs
 from gclab.model import graph_inputs, make_network
@@ -145,6 +152,88 @@ def test_missing_corrupt_and_pickled_files(tmp_path):
     np.savez(tmp_path / "pickled.npz", description=np.asarray([{"a": 1}], dtype=object))
     with pytest.raises(CheckpointError, match="not a checkpoint"):
         read_checkpoint(tmp_path / "pickled.npz")
+
+
+def _damage_deflate(path, member: str) -> None:
+    """Sets the first byte of `member`'s deflate data to 0xff (a reserved block type)."""
+    data = bytearray(path.read_bytes())
+    with zipfile.ZipFile(path) as z:
+        start = z.getinfo(member).header_offset
+    name_len, extra_len = struct.unpack("<HH", data[start + 26:start + 30])
+    data[start + 30 + name_len + extra_len] = 0xff
+    path.write_bytes(bytes(data))
+
+
+def _one_line_error(capsys, argv) -> str:
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    return err
+
+
+@pytest.mark.parametrize("option", ["--checkpoint", "--init-checkpoint"])
+def test_damaged_deflate_data_is_named_with_its_member(tmp_path, params, capsys, option):
+    path = tmp_path / "zipped.npz"
+    np.savez_compressed(path, **to_flat(Checkpoint.from_gclab(params, CFG, TASK)))
+    _damage_deflate(path, "license.npy")
+    with pytest.raises(CheckpointError) as e:  # was a zlib.error traceback
+        read_checkpoint(path)
+    assert str(e.value).startswith(f"{path}: not a checkpoint") and "license.npy" in str(e.value)
+    command = "forecast" if option == "--checkpoint" else "train"
+    err = _one_line_error(capsys, [command, option, str(path)])
+    assert f"{option} {path}: " in err and "license.npy: Error -3" in err
+
+
+def test_a_header_declaring_more_than_its_member_holds_is_refused_before_reading(
+        tmp_path, params, capsys):
+    flat = to_flat(Checkpoint.from_gclab(params, CFG, TASK))
+    path = tmp_path / "huge.npz"
+    np.savez(path, **{k: v for k, v in flat.items() if k != LAST_W})
+    header = io.BytesIO()  # 728 TiB declared: numpy would allocate it before reading
+    np.lib.format.write_array_header_1_0(
+        header, {"descr": "<f8", "fortran_order": False, "shape": (10**14,)})
+    with zipfile.ZipFile(path, "a") as z:
+        z.writestr(LAST_W + ".npy", header.getvalue() + bytes(64))
+    with pytest.raises(CheckpointError) as e:  # was a MemoryError traceback
+        read_checkpoint(path)
+    message = str(e.value)
+    assert message.startswith(f"{path}: ") and f"member {LAST_W}.npy" in message
+    assert "declares shape (100000000000000,) of float64" in message and "64 bytes" in message
+    err = _one_line_error(capsys, ["forecast", "--checkpoint", str(path)])
+    assert f"{LAST_W}.npy" in err and "out of memory" not in err
+
+
+def test_an_unreadable_checkpoint_is_not_called_a_non_zip_file(tmp_path, params, monkeypatch,
+                                                               capsys):
+    # `zipfile.is_zipfile` answers False for a file it cannot open. The file is made
+    # unreadable by `open` itself (root, who runs some test machines, reads any file).
+    path = tmp_path / "locked.npz"
+    write_checkpoint(path, Checkpoint.from_gclab(params, CFG, TASK))
+    real_open = builtins.open
+
+    def locked_open(file, *args, **kwargs):
+        if os.fspath(file) == str(path):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", locked_open)
+    with pytest.raises(CheckpointError) as e:
+        read_checkpoint(path)
+    assert str(e.value) == f"{path}: cannot read it (Permission denied)"
+    err = _one_line_error(capsys, ["forecast", "--checkpoint", str(path)])
+    assert f"--checkpoint {path}: cannot read it (Permission denied)" in err
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads a file without read permission")
+def test_a_checkpoint_without_read_permission_is_named_unreadable(tmp_path, params):
+    path = tmp_path / "locked.npz"
+    write_checkpoint(path, Checkpoint.from_gclab(params, CFG, TASK))
+    path.chmod(0)
+    try:
+        with pytest.raises(CheckpointError, match="cannot read it \\(Permission denied\\)"):
+            read_checkpoint(path)
+    finally:
+        path.chmod(0o600)
 
 
 def test_a_failed_write_keeps_the_old_file(tmp_path, params):
