@@ -119,3 +119,21 @@ def data_dir() -> Path:
 def tiny_preset():
     """The smallest CPU preset (4 deg, 3 splits, 4 x 32)."""
     return get_preset("cpu-4x32")
+
+
+@pytest.fixture
+def lock_file(monkeypatch):
+    """`lock_file(path)` makes `open` refuse `path` with the operating system's "Permission
+    denied", as a file without read permission is refused (except to root, who runs some
+    test machines and reads any file)."""
+    import builtins
+
+    locked, real_open = set(), builtins.open
+
+    def guarded_open(file, *args, **kwargs):
+        if isinstance(file, (str, os.PathLike)) and os.fspath(file) in locked:
+            raise PermissionError(13, "Permission denied", os.fspath(file))
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", guarded_open)
+    return lambda path: locked.add(os.fspath(path))

@@ -10,7 +10,6 @@ rebuilt and says so. Every file gclab writes appears whole or not at all.
 
 from __future__ import annotations
 
-import builtins
 import importlib
 import io
 import json
@@ -634,20 +633,12 @@ def test_a_fixture_header_declaring_more_than_its_member_holds_is_named(tmp_path
         "(100000000000000,) of float64 (727.60 TiB), more than the 64 bytes" in err
 
 
-def test_an_unreadable_fixture_is_not_called_a_non_npz_file(tmp_path, monkeypatch, capsys,
+def test_an_unreadable_fixture_is_not_called_a_non_npz_file(tmp_path, lock_file, capsys,
                                                             no_work):
-    # `zipfile.is_zipfile` answers False for a file it cannot open. The file is made
-    # unreadable by `open` itself (root, who runs some test machines, reads any file).
+    # `zipfile.is_zipfile` answers False for a file it cannot open.
     path = tmp_path / "locked.npz"
     path.write_bytes(TINY_FIXTURE.read_bytes())
-    real_open = builtins.open
-
-    def locked_open(file, *args, **kwargs):
-        if os.fspath(file) == str(path):
-            raise PermissionError(13, "Permission denied", str(path))
-        return real_open(file, *args, **kwargs)
-
-    monkeypatch.setattr(builtins, "open", locked_open)
+    lock_file(path)
     assert cli.main(["reference", str(path)]) == 2
     assert f"{path}: cannot read it (Permission denied)" in one_line_error(capsys, "reference")
 

@@ -1,6 +1,5 @@
 """Published checkpoint files: lossless round trips, the official key layout, clear errors."""
 
-import builtins
 import io
 import os
 import struct
@@ -203,20 +202,12 @@ def test_a_header_declaring_more_than_its_member_holds_is_refused_before_reading
     assert f"{LAST_W}.npy" in err and "out of memory" not in err
 
 
-def test_an_unreadable_checkpoint_is_not_called_a_non_zip_file(tmp_path, params, monkeypatch,
+def test_an_unreadable_checkpoint_is_not_called_a_non_zip_file(tmp_path, params, lock_file,
                                                                capsys):
-    # `zipfile.is_zipfile` answers False for a file it cannot open. The file is made
-    # unreadable by `open` itself (root, who runs some test machines, reads any file).
+    # `zipfile.is_zipfile` answers False for a file it cannot open.
     path = tmp_path / "locked.npz"
     write_checkpoint(path, Checkpoint.from_gclab(params, CFG, TASK))
-    real_open = builtins.open
-
-    def locked_open(file, *args, **kwargs):
-        if os.fspath(file) == str(path):
-            raise PermissionError(13, "Permission denied", str(path))
-        return real_open(file, *args, **kwargs)
-
-    monkeypatch.setattr(builtins, "open", locked_open)
+    lock_file(path)
     with pytest.raises(CheckpointError) as e:
         read_checkpoint(path)
     assert str(e.value) == f"{path}: cannot read it (Permission denied)"
