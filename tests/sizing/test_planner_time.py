@@ -122,6 +122,9 @@ def test_fit_recovers_the_coefficients_it_was_given():
     assert fit.median_relative_error < 1e-6 and fit.measurements == len(specs)
     for s, t in zip(specs, seconds):
         assert fit.seconds(s) == pytest.approx(t, rel=1e-6)
+    for field in ("seconds_per_flop", "seconds_per_byte", "seconds_per_held_byte",
+                  "overhead_seconds"):
+        assert getattr(fit, field) == pytest.approx(getattr(truth, field), rel=1e-6), field
     with pytest.raises(ValueError, match="three"):
         speed.fit_calibration(specs[:2], seconds[:2])
 

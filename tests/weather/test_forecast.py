@@ -32,46 +32,70 @@ CFG = ModelConfig(resolution=10.0, mesh_splits=1, latent_size=16, processor_step
 STEPS = 3
 
 
-@pytest.fixture(scope="module")
-def files(tmp_path_factory):
-    root = tmp_path_factory.mktemp("forecast")
-    weather = SyntheticWeather(TASK, CFG.resolution, seed=3)
+# Without precipitation among the inputs (as the operational task): its target is then no
+# residual, and the forecast is the statistics' mean plus the scaled output.
+TASK_NO_PRECIPITATION_INPUT = TaskConfig(pressure_levels=(500, 850), precipitation_input=False)
+
+
+def _write_files(root, task):
+    weather = SyntheticWeather(task, CFG.resolution, seed=3)
     write_dataset(synthetic_dataset(weather, frames=STEPS + 2, batch_starts=(0, 7)),
                   root / "data.nc")
     stats_ds = synthetic_dataset(weather, frames=40, start=100)
     (root / "stats").mkdir()
     write_stats(compute_stats(stats_ds), root / "stats")
     rng = np.random.default_rng(0)
-    shapes = param_shapes(CFG, TASK.data_channels, TASK.output_channels)
+    shapes = param_shapes(CFG, task.data_channels, task.output_channels)
     params = {m: {n: (0.3 * rng.standard_normal(s.shape)).astype(np.float32)
                   for n, s in leaves.items()} for m, leaves in shapes.items()}
-    write_checkpoint(root / "ckpt.npz", Checkpoint.from_gclab(params, CFG, TASK, "test"))
+    write_checkpoint(root / "ckpt.npz", Checkpoint.from_gclab(params, CFG, task, "test"))
     return root
 
 
-def test_forecast_equals_gclab_network_on_the_same_arrays(files):
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    return _write_files(tmp_path_factory.mktemp("forecast"), TASK)
+
+
+@pytest.fixture(scope="module")
+def files_no_precipitation_input(tmp_path_factory):
+    return _write_files(tmp_path_factory.mktemp("forecast_ops"), TASK_NO_PRECIPITATION_INPUT)
+
+
+@pytest.mark.parametrize("task,which", [(TASK, "files"), (TASK_NO_PRECIPITATION_INPUT,
+                                                          "files_no_precipitation_input")],
+                         ids=["precipitation input", "no precipitation input"])
+def test_forecast_equals_gclab_network_on_the_same_arrays(task, which, request):
+    files = request.getfixturevalue(which)
     ckpt = read_checkpoint(files / "ckpt.npz")
     ds, stats = open_dataset(files / "data.nc"), load_stats(files / "stats")
     pred = forecast(ckpt, ds, stats, STEPS)
 
-    # The same forecast by hand: normalised inputs, the network, gclab's `next_inputs`.
+    # The same forecast by hand: normalised inputs, the network, gclab's `next_inputs`. A
+    # target whose variable is an input is a residual (every one but precipitation when it
+    # is not an input): the last state plus the scaled output; else mean plus scaled output.
     graphs = build_graphs(CFG.resolution, CFG.mesh_splits)
     graph = graph_inputs(graphs)
-    net = make_network(CFG, TASK.data_channels, TASK.output_channels)
-    params = params_to_gclab_channels(ckpt.params, TASK, CFG.hidden_layers)
-    norm = normalization_from_stats(stats, TASK)
-    raw = raw_example(check_dataset(ds, TASK), TASK, rollout=STEPS)
+    net = make_network(CFG, task.data_channels, task.output_channels)
+    params = params_to_gclab_channels(ckpt.params, task, CFG.hidden_layers)
+    norm = normalization_from_stats(stats, task)
+    raw = raw_example(check_dataset(ds, task), task, rollout=STEPS)
     example = norm.normalise(raw)
+    names = task.target_channel_names
+    residual = np.array([task.precipitation_input or not n.startswith("total_precipitation")
+                         for n in names])
+    assert residual.all() == task.precipitation_input  # both branches covered by the cases
     inputs, state = jnp.asarray(example.inputs), raw.last_frame.astype(np.float64)
     want = []
     for k in range(STEPS):
-        y = net.apply(params, graph, inputs)  # [Ng, B, O]
-        state = state + np.asarray(y, np.float64) * norm.residual_std
+        y = np.asarray(net.apply(params, graph, inputs), np.float64)  # [Ng, B, O]
+        state = np.where(residual, state + y * norm.residual_std,
+                         norm.target_mean + y * norm.target_std)
         want.append(state)
-        inputs = next_inputs(TASK, inputs, y, example.forcings[k], norm.residual_scale)
+        inputs = next_inputs(task, inputs, jnp.asarray(y, jnp.float32), example.forcings[k],
+                             norm.residual_scale)
     want = np.stack(want)  # [T, Ng, B, O]
 
-    names = TASK.target_channel_names
     n_lat, n_lon = graphs.n_lat, graphs.n_lon
     for i, name in enumerate(names):
         var, _, level = name.partition("@")
