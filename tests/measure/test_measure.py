@@ -89,10 +89,6 @@ def test_compiled_memory_from_shapes_equals_from_arrays():
     grads = sum(np.prod(s.shape) * 4 for s in params)
     # Plus XLA's small index table of the output tuple.
     assert grads <= from_shapes.output_bytes <= grads + 256
-    assert from_shapes.total_bytes == (
-        from_shapes.argument_bytes + from_shapes.output_bytes + from_shapes.temp_bytes
-        - from_shapes.alias_bytes
-    )
     assert from_shapes.temp_bytes > 0 and from_shapes.backend == "cpu"
     assert compile_fn(grad, params, x).memory_analysis().temp_size_in_bytes == (
         from_shapes.temp_bytes
@@ -100,11 +96,14 @@ def test_compiled_memory_from_shapes_equals_from_arrays():
 
 
 def test_donation_shows_as_alias():
-    mem = compiled_memory(lambda a: a * 2.0, S((1024, 256), jnp.float32), donate_argnums=0)
-    assert mem.alias_bytes == 1024 * 256 * 4
-    assert mem.total_bytes == mem.argument_bytes + mem.output_bytes + mem.temp_bytes - (
-        mem.alias_bytes
-    )
+    """A donated argument's buffer is the output's: the total counts it once."""
+    def double(a):
+        return a * 2.0
+
+    plain = compiled_memory(double, S((1024, 256), jnp.float32))
+    mem = compiled_memory(double, S((1024, 256), jnp.float32), donate_argnums=0)
+    assert plain.alias_bytes == 0 and mem.alias_bytes == 1024 * 256 * 4
+    assert mem.total_bytes == plain.total_bytes - 1024 * 256 * 4
 
 
 def test_remat_in_scan_lowers_temp():
@@ -161,7 +160,6 @@ def test_timeline_peak_matches_temp_bytes(remat):
     assert isinstance(timeline, Timeline)
     assert timeline.temp_bytes == temp
     assert (1 - TIMELINE_MARGIN) * temp <= timeline.peak_bytes <= temp
-    assert timeline.peak_bytes == timeline.live_bytes.max()
     assert len(timeline.stage) == len(timeline.instruction) == len(timeline.live_bytes)
     stages = set(timeline.stages())
     for name in ("encoder", "processor", "decoder"):
