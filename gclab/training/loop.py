@@ -22,16 +22,16 @@ import math
 import os
 import sys
 import warnings
-from typing import Callable, Optional
+from typing import Callable, Mapping, Optional
 
 import jax
 import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
-from gclab.config import ModelConfig, TaskConfig
+from gclab.config import ModelConfig, TaskConfig, is_int
 from gclab.geometry.graphs import graphs_for
 from gclab.memory.config import MemoryConfig
-from gclab.model.graphcast import graph_inputs, make_network
+from gclab.model.graphcast import graph_inputs, make_network, param_shapes
 from gclab.parallel.config import ParallelConfig
 from gclab.parallel.sharding import make_mesh
 from gclab.training.data import SAMPLE_SPACING, SyntheticWeather
@@ -78,6 +78,59 @@ DEFAULT_SCHEDULE_STEPS = 1000  # TrainConfig's default length
 def batch_start(step: int, batch: int) -> int:
     """The first frame of step `step`'s batch: batches never share a sample."""
     return 1 + step * batch * SAMPLE_SPACING
+
+
+def _check_train_arguments(model, task, steps, memory, parallel, weather,
+                           schedule_steps) -> None:
+    """`train`'s arguments of the wrong kind, each named before any work (inside, each
+    would fail as an attribute error of some later line)."""
+    for name, value, kind, optional in (("model", model, ModelConfig, False),
+                                        ("task", task, TaskConfig, False),
+                                        ("memory", memory, MemoryConfig, True),
+                                        ("parallel", parallel, ParallelConfig, True)):
+        if not (isinstance(value, kind) or optional and value is None):
+            raise TypeError(f"{name}={value!r} is invalid: a {kind.__name__}"
+                            + (" or None" if optional else ""))
+    if weather is not None and not all(callable(getattr(weather, m, None))
+                                       for m in ("normalization", "make_batch")):
+        raise TypeError(f"weather={weather!r} is invalid: None, or an object with "
+                        "normalization() and make_batch(batch, rollout, start)")
+    for name, value in (("steps", steps), ("schedule_steps", schedule_steps)):
+        if not is_int(value) or value < 1:
+            raise ValueError(f"{name}={value!r} is invalid: an integer >= 1")
+
+
+def check_init_params(params, model: ModelConfig, task: TaskConfig) -> None:
+    """Refuses starting parameters that are not `model`'s for `task` (another latent size,
+    step count or channel layout), naming the first parameter that differs; Haiku would
+    report it from deep inside the first step, without naming the argument.
+
+    Raises:
+      ValueError: a missing, unexpected or wrongly shaped parameter.
+    """
+    want = param_shapes(model, task.data_channels, task.output_channels)
+    if not isinstance(params, Mapping):
+        raise TypeError(f"init_params is invalid: a {{module: {{name: array}}}} mapping, "
+                        f"not a {type(params).__name__}")
+    for module in sorted(set(want) | set(params)):
+        if module not in params or module not in want:
+            where = "missing" if module not in params else "not a parameter of this model"
+            raise ValueError(f"init_params is invalid for {model.latent_size} x "
+                             f"{model.processor_steps}, {task.output_channels} output "
+                             f"channels: module {module!r} {where}")
+        given = params[module]
+        for name in sorted(set(want[module]) | set(given if isinstance(given, Mapping) else {})):
+            shape = getattr(given.get(name) if isinstance(given, Mapping) else None, "shape",
+                            None)
+            if shape is None or tuple(shape) != want[module][name].shape:
+                expected = want[module].get(name)
+                raise ValueError(
+                    f"init_params is invalid for {model.latent_size} x "
+                    f"{model.processor_steps}, {task.output_channels} output channels: "
+                    f"{module}/{name} is "
+                    + ("missing" if shape is None else f"of shape {tuple(shape)}")
+                    + (f", the model's is {expected.shape}" if expected is not None
+                       else ", not a parameter of this model"))
 
 
 def schedule(steps: int, peak_learning_rate: float = 1e-3) -> TrainConfig:
@@ -327,14 +380,18 @@ def train(model: ModelConfig, task: TaskConfig, steps: int, *, batch: int = 1,
 
     Raises:
       ValueError: a batch that does not fit the layout, a layout with more devices than
-        JAX has, or `steps` < 1.
+        JAX has, `steps` or `schedule_steps` < 1, or `init_params` not the model's (each
+        named before any work).
+      TypeError: `model`, `task`, `memory`, `parallel` or `weather` of the wrong kind.
       RestoreError: the latest checkpoint in `checkpoint_dir` is damaged or another
         model's; `ScheduleMismatch` (checked before any work) when it was saved by a run
         with another `schedule_steps` or `learning_rate`.
       TrainingDiverged: a step's loss or gradient norm is not finite (nothing is saved).
     """
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps={steps!r} is invalid: an integer >= 1")
+    _check_train_arguments(model, task, steps, memory, parallel, weather, schedule_steps)
+    if init_params is not None:
+        check_init_params(init_params, model, task)
+    steps = int(steps)
     settings = {"schedule_steps": schedule_steps, "learning_rate": learning_rate}
     if checkpoint_dir is not None:
         check_run_settings(checkpoint_dir, settings)

@@ -120,7 +120,15 @@ def weighted_mse(prediction: jax.Array, target: jax.Array, weights: tuple) -> ja
       target: [Ng, B, O] normalised target.
       weights: `(node weights [Ng], channel weights [O])` from `loss_weights`.
     """
+    if jnp.ndim(prediction) != 3 or jnp.shape(target) != jnp.shape(prediction):
+        raise ValueError(f"prediction {jnp.shape(prediction)} and target {jnp.shape(target)} "
+                         "are invalid: both [Ng, B, O], of one shape")
     node_w, chan_w = weights
+    n_nodes, _, n_channels = jnp.shape(prediction)
+    if jnp.shape(node_w) != (n_nodes,) or jnp.shape(chan_w) != (n_channels,):
+        raise ValueError(f"weights of shapes {jnp.shape(node_w)} and {jnp.shape(chan_w)} are "
+                         f"invalid: node weights [{n_nodes}] and channel weights "
+                         f"[{n_channels}] for a prediction of shape {jnp.shape(prediction)}")
     err = (prediction.astype(jnp.float32) - target.astype(jnp.float32)) ** 2  # [Ng, B, O]
     per_channel = jnp.mean(err * jnp.asarray(node_w, jnp.float32)[:, None, None],
                            axis=(0, 1))  # [O]

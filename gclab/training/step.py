@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from typing import Any, Callable, NamedTuple
 
 import haiku as hk
@@ -66,10 +67,12 @@ class TrainConfig:
     grad_clip: float | None = 32.0
 
     def __post_init__(self) -> None:
+        # Finite: a NaN or infinite rate or decay turns every weight NaN in the first update
+        # (the step's loss and gradients, computed before it, are still finite).
         for f in ("peak_learning_rate", "end_learning_rate", "weight_decay"):
             v = getattr(self, f)
-            if not is_number(v) or v < 0:
-                invalid(self, f, "a number >= 0")
+            if not is_number(v) or not 0 <= v < math.inf:
+                invalid(self, f, "a finite number >= 0")
         for f in ("warmup_steps", "total_steps"):
             v = getattr(self, f)
             if not is_int(v) or v < 0:
@@ -81,8 +84,8 @@ class TrainConfig:
             if not is_number(v) or not 0 <= v < 1:
                 invalid(self, f, "a number in [0, 1)")
         g = self.grad_clip
-        if g is not None and (not is_number(g) or not g > 0):
-            invalid(self, "grad_clip", "None or a number > 0")
+        if g is not None and (not is_number(g) or not 0 < g < math.inf):
+            invalid(self, "grad_clip", "None or a finite number > 0")
 
 
 def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformation:

@@ -1,5 +1,7 @@
 """Training: loss weights, rollouts, micro-batches, remat, donation, shapes, overfitting."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -111,6 +113,18 @@ def test_weighted_mse_equals_a_hand_computation():
     bf = weighted_mse(jnp.asarray(pred, jnp.bfloat16), jnp.asarray(target), (node_w, chan_w))
     assert bf.dtype == jnp.float32
     assert float(bf) == pytest.approx(expected, rel=2e-2)
+
+
+@pytest.mark.parametrize("pred,target,weights,words", [
+    ((6, 1, 3), (6, 2, 3), (6, 3), "prediction (6, 1, 3) and target (6, 2, 3)"),  # broadcast
+    ((6, 3), (6, 3), (6, 3), "prediction (6, 3)"),
+    ((6, 1, 3), (6, 1, 3), (6, 2), "weights of shapes (6,) and (2,)"),
+    ((6, 1, 3), (6, 1, 3), (5, 3), "weights of shapes (5,) and (3,)"),
+])
+def test_weighted_mse_refuses_shapes_it_would_broadcast(pred, target, weights, words):
+    """A batch of one against a batch of two broadcast to a loss with no error before."""
+    with pytest.raises(ValueError, match=re.escape(words)):
+        weighted_mse(jnp.zeros(pred), jnp.zeros(target), tuple(np.ones(n) for n in weights))
 
 
 def test_loss_weights_match_the_grid(world):
@@ -251,6 +265,9 @@ def test_optimizer_schedule_warms_up_then_decays():
     ("peak_learning_rate", -1.0), ("warmup_steps", -1), ("warmup_steps", 2.5),
     ("total_steps", 10), ("b1", 1.0), ("b2", -0.1), ("weight_decay", -0.5),
     ("grad_clip", 0.0), ("grad_clip", True),
+    # Not finite: the first update would turn every weight NaN.
+    ("peak_learning_rate", float("nan")), ("peak_learning_rate", float("inf")),
+    ("weight_decay", float("inf")), ("grad_clip", float("inf")),
 ])
 def test_bad_train_config_names_the_field(field, value):
     kw = {"warmup_steps": 10, "total_steps": 100, field: value}

@@ -1,0 +1,80 @@
+"""`gclab.training.train`'s arguments of the wrong kind or for another model: each named
+in one error before any work (inside, each failed as an attribute error of a later line,
+or as Haiku's shape error deep in the first step)."""
+
+import numpy as np
+import pytest
+
+from gclab.config import ModelConfig, TaskConfig
+from gclab.model import param_shapes
+from gclab.training import loop
+from gclab.training.loop import check_init_params, train
+
+TASK = TaskConfig(pressure_levels=(500, 850))
+CFG = ModelConfig(resolution=30.0, mesh_splits=1, latent_size=8, processor_steps=1)
+
+
+@pytest.fixture
+def no_work(monkeypatch):
+    """Fails the test if `train` gets as far as building graphs."""
+    monkeypatch.setattr(loop, "graphs_for",
+                        lambda *a: pytest.fail("work started before the arguments were checked"))
+
+
+def _params(model, task):
+    return {m: {n: np.zeros(s.shape, np.float32) for n, s in leaves.items()}
+            for m, leaves in param_shapes(model, task.data_channels,
+                                          task.output_channels).items()}
+
+
+@pytest.mark.parametrize("kwargs,error,words", [
+    ({"task": "13"}, TypeError, "task='13' is invalid: a TaskConfig"),
+    ({"model": "cpu-4x32"}, TypeError, "model='cpu-4x32' is invalid: a ModelConfig"),
+    ({"memory": "lean"}, TypeError, "memory='lean' is invalid: a MemoryConfig or None"),
+    ({"parallel": "data:2"}, TypeError, "parallel='data:2' is invalid: a ParallelConfig"),
+    ({"weather": object()}, TypeError, "normalization() and make_batch"),
+    ({"steps": 0}, ValueError, "steps=0 is invalid: an integer >= 1"),
+    ({"schedule_steps": -5}, ValueError, "schedule_steps=-5 is invalid: an integer >= 1"),
+    ({"schedule_steps": 2.5}, ValueError, "schedule_steps=2.5 is invalid"),
+])
+def test_an_argument_of_the_wrong_kind_is_named(kwargs, error, words, no_work):
+    args = {"model": CFG, "task": TASK, "steps": 1, **kwargs}
+    with pytest.raises(error) as e:
+        train(args.pop("model"), args.pop("task"), args.pop("steps"), **args)
+    assert words in str(e.value)
+
+
+def test_a_numpy_step_count_is_a_step_count(monkeypatch):
+    """Accepted as every other gclab count is (refused as not an int before)."""
+    reached = []
+    monkeypatch.setattr(loop, "graphs_for", lambda *a: reached.append(a) or pytest.skip())
+    with pytest.raises(pytest.skip.Exception):
+        train(CFG, TASK, np.int64(1))
+    assert reached
+
+
+@pytest.mark.parametrize("other,words", [
+    (CFG.replace(latent_size=16), "of shape"),  # another latent size
+    # Another step count: the processor's parameters are stacked over its steps.
+    (CFG.replace(processor_steps=2), "of shape (2, 8), the model's is (1, 8)"),
+])
+def test_parameters_of_another_model_are_named(other, words):
+    with pytest.raises(ValueError) as e:
+        check_init_params(_params(other, TASK), CFG, TASK)
+    assert str(e.value).startswith("init_params is invalid for 8 x 1") and words in str(e.value)
+
+
+def test_parameters_for_other_channels_are_named():
+    other = TaskConfig(pressure_levels=(500, 700, 850))
+    with pytest.raises(ValueError, match="init_params is invalid .* of shape"):
+        check_init_params(_params(CFG, other), CFG, TASK)
+    with pytest.raises(ValueError, match="module 'grid2mesh_gnn"):
+        check_init_params({}, CFG, TASK)
+    check_init_params(_params(CFG, TASK), CFG, TASK)  # the model's own pass
+
+
+def test_train_checks_init_params_before_the_first_step(monkeypatch):
+    monkeypatch.setattr(loop, "graphs_for",
+                        lambda *a: pytest.fail("work went on with another model's parameters"))
+    with pytest.raises(ValueError, match="init_params is invalid"):
+        train(CFG, TASK, 1, init_params=_params(CFG.replace(latent_size=16), TASK))
