@@ -46,6 +46,8 @@ from __future__ import annotations
 import numpy as np
 from scipy.spatial import cKDTree
 
+from gclab.config import ConfigError, ModelConfig
+
 # Grid points processed per chunk in the mesh2grid search.
 _M2G_CHUNK = 1 << 18
 # Candidate faces (nearest centroids) per grid point: whose prism holds it, then, for
@@ -69,7 +71,17 @@ _TRIMESH_TOL_ZERO = 1e-13
 _SNAP_MARGIN = 100.0
 
 
-def _grid_size(resolution: float) -> tuple[int, int]:
+def _grid_size(resolution: float, fn: str) -> tuple[int, int]:
+    """(n_lat, n_lon) of a grid spacing; raises ValueError where it makes no grid.
+
+    The rule is `ModelConfig`'s (a number of degrees in (0, 180] that divides 180, of at
+    most `gclab.config.MAX_GRID_NODES` nodes): a spacing that does not divide 180 gives
+    rows that stop short of a pole, and 0, a negative number or NaN give no grid at all.
+    """
+    try:
+        ModelConfig(resolution=resolution)
+    except ConfigError as e:
+        raise ValueError(f"{fn} resolution={resolution!r} is invalid: {e.allowed}") from None
     n_lat = int(round(180.0 / resolution)) + 1
     n_lon = int(round(360.0 / resolution))
     return n_lat, n_lon
@@ -83,8 +95,11 @@ def grid_latitudes(resolution: float) -> np.ndarray:
 
     Returns:
       [n_lat] float64, ``linspace(-90, 90, 180/resolution + 1)``.
+
+    Raises:
+      ValueError: a resolution `ModelConfig` refuses.
     """
-    n_lat, _ = _grid_size(resolution)
+    n_lat, _ = _grid_size(resolution, "grid_latitudes")
     return np.linspace(-90.0, 90.0, n_lat)
 
 
@@ -92,12 +107,15 @@ def grid_longitudes(resolution: float) -> np.ndarray:
     """Longitudes in degrees from 0 (360 excluded).
 
     Args:
-      resolution: grid spacing in degrees.
+      resolution: grid spacing in degrees (must divide 180).
 
     Returns:
       [n_lon] float64, ``arange(n_lon) * resolution``.
+
+    Raises:
+      ValueError: a resolution `ModelConfig` refuses.
     """
-    _, n_lon = _grid_size(resolution)
+    _, n_lon = _grid_size(resolution, "grid_longitudes")
     return np.arange(n_lon, dtype=np.float64) * float(resolution)
 
 

@@ -22,7 +22,14 @@ DTYPES = {"f32": jnp.float32, "bf16": jnp.bfloat16}
 
 
 def compute_dtype(precision: str):
-    """The dtype the network computes in for a `MemoryConfig.precision`."""
+    """The dtype the network computes in for a `MemoryConfig.precision`.
+
+    Raises:
+      ValueError: a precision not in `DTYPES`.
+    """
+    if not isinstance(precision, str) or precision not in DTYPES:
+        raise ValueError(f"compute_dtype precision={precision!r} is invalid: one of "
+                         + ", ".join(DTYPES))
     return DTYPES[precision]
 
 

@@ -19,7 +19,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
-from gclab.memory.config import MemoryConfig
+from gclab.memory.config import REMAT_POLICIES, MemoryConfig
 from gclab.memory.precision import residuals_as_bits
 
 # Names that `jax.ad_checkpoint.checkpoint_name` gives values a step may keep under the
@@ -33,7 +33,14 @@ STEP_SCOPE_PREFIX = "stepscan_"
 
 
 def remat_policy(name: str) -> Callable:
-    """The `jax.checkpoint` policy of a `MemoryConfig.remat_policy` name."""
+    """The `jax.checkpoint` policy of a `MemoryConfig.remat_policy` name.
+
+    Raises:
+      ValueError: a name not in `gclab.memory.config.REMAT_POLICIES`.
+    """
+    if not isinstance(name, str) or name not in REMAT_POLICIES:
+        raise ValueError(f"remat_policy name={name!r} is invalid: one of "
+                         + ", ".join(REMAT_POLICIES))
     cp = jax.checkpoint_policies
     return {
         "nothing": cp.nothing_saveable,

@@ -62,6 +62,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
+from gclab.config import is_int
 from gclab.parallel.config import PIPELINE_AXIS, ParallelConfig
 
 # The layout whose pipeline the network runs while a step is traced (`use_pipeline`).
@@ -69,7 +70,15 @@ _PIPELINE = contextvars.ContextVar("gclab_pipeline", default=None)
 
 
 def bubble_fraction(stages: int, microbatches: int) -> float:
-    """(P - 1) / (M + P - 1): the fraction of a GPipe step each stage idles."""
+    """(P - 1) / (M + P - 1): the fraction of a GPipe step each stage idles.
+
+    Raises:
+      ValueError: `stages` or `microbatches` not an integer >= 1 (no stage or no
+        micro-batch is no schedule; the formula would give a negative fraction).
+    """
+    for name, value in (("stages", stages), ("microbatches", microbatches)):
+        if not is_int(value) or value < 1:
+            raise ValueError(f"bubble_fraction {name}={value!r} is invalid: an integer >= 1")
     return (stages - 1) / (microbatches + stages - 1)
 
 

@@ -15,6 +15,8 @@ from typing import Optional
 
 import jax
 
+from gclab.config import is_int
+
 # Environment variables read when no option is given (the usual names of multi-process
 # launchers that do not set up JAX's own cluster detection).
 COORDINATOR_ENV = "JAX_COORDINATOR_ADDRESS"
@@ -33,9 +35,19 @@ def use_cpu_devices(n: int) -> None:
     """Makes JAX's CPU backend offer `n` devices (before JAX has started its backends).
 
     Raises:
-      ValueError: more than `MAX_CPU_DEVICES`, or JAX has already started with fewer than
-        `n` CPU devices (the setting can no longer change; start a fresh process).
+      TypeError: `n` is not an integer (Python or numpy).
+      ValueError: fewer than 1 or more than `MAX_CPU_DEVICES`, or JAX has already started
+        with fewer than `n` CPU devices (the setting can no longer change; start a fresh
+        process).
     """
+    # Checked before touching JAX's config: JAX accepts 0 or a negative count, and then no
+    # CPU backend can start in this process ("Unable to initialize backend 'cpu'").
+    if not is_int(n):
+        raise TypeError(f"use_cpu_devices n={n!r} is invalid: an integer in "
+                        f"1..{MAX_CPU_DEVICES}")
+    n = int(n)
+    if n < 1:
+        raise ValueError(f"use_cpu_devices n={n} is invalid: an integer in 1..{MAX_CPU_DEVICES}")
     if n > MAX_CPU_DEVICES:  # JAX accepts the setting, then fails at the first compile
         raise ValueError(f"{n} CPU devices is more than JAX's CPU backend runs in one process "
                          f"(at most {MAX_CPU_DEVICES})")

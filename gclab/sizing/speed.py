@@ -41,6 +41,7 @@ import numpy as np
 from scipy.optimize import nnls
 
 from gclab.devices import card
+from gclab.memory.config import PRECISIONS
 from gclab.recordings import recorded
 from gclab.sizing import analytical
 
@@ -152,14 +153,24 @@ def step_work_held(spec: Any, counts: Optional[analytical.GraphCounts] = None
     return flops, moved, float(held)
 
 
+def _require_precision(fn: str, precision: Any) -> None:
+    """Raises the ValueError of an unknown precision (any other name would silently read
+    as bfloat16 speeds)."""
+    if not isinstance(precision, str) or precision not in PRECISIONS:
+        raise ValueError(f"{fn} precision={precision!r} is invalid: one of "
+                         + ", ".join(PRECISIONS))
+
+
 def data_sheet(card_name: str, precision: str = "f32") -> SpeedModel:
     """The roofline of a card in `CARD_SPEEDS` at `precision`.
 
     Raises:
-      ValueError: a card without recorded speeds.
+      ValueError: a card without recorded speeds, or a precision not in
+        `gclab.memory.config.PRECISIONS` (`f32`, `bf16`).
     """
     if card_name not in CARD_SPEEDS:
         raise ValueError(f"no speeds for card {card_name!r}: one of " + ", ".join(CARD_SPEEDS))
+    _require_precision("data_sheet", precision)
     s = CARD_SPEEDS[card_name]
     flops = s.f32_flops if precision == "f32" else s.bf16_flops
     return SpeedModel(1.0 / flops, 1.0 / s.memory_bytes_per_s, 0.0, 0.0,
@@ -254,7 +265,12 @@ def speed_for(card_named: Optional[str] = None, precision: str = "f32") -> Speed
     Returns:
       A recorded calibration of that device, else its data sheet, else
       `REFERENCE_CARD`'s (its `name` says which).
+
+    Raises:
+      ValueError: a precision not in `gclab.memory.config.PRECISIONS`.
     """
+    # Checked here too: a calibration is used for both precisions and would hide a typo.
+    _require_precision("speed_for", precision)
     device = card_named or present_device()
     calibrated = load_calibration(device)
     if calibrated is not None:
