@@ -38,9 +38,12 @@ import numpy as np
 from gclab.config import (
     ATMOSPHERIC_VARIABLES,
     FORCING_VARIABLES,
+    INPUT_FRAMES,
     STATIC_VARIABLES,
+    STRUCTURAL_NODE_FEATURES,
     SURFACE_VARIABLES,
     TaskConfig,
+    is_int,
 )
 from gclab.training.data import (
     DAYS_PER_YEAR,
@@ -151,17 +154,103 @@ def channel_permutations(task: TaskConfig) -> tuple[np.ndarray, np.ndarray]:
             np.asarray([gclab_out[c] for c in official_out]))
 
 
+# The layers the channel permutation changes: the grid and mesh node embedders' first layer
+# (rows: data channels, then structural features), the grid decoder's last (columns).
+EMBEDDERS = ("grid2mesh_gnn/encoder_nodes_grid_nodes_mlp/~/linear_0",
+             "grid2mesh_gnn/encoder_nodes_mesh_nodes_mlp/~/linear_0")
+DECODER = "mesh2grid_gnn/decoder_nodes_grid_nodes_mlp/~/linear_"
+
+
+def _task_words(levels: int, precipitation_input: bool, c: int, o: int) -> str:
+    """'13 pressure level(s), with precipitation input (183 input and 83 output channels)'."""
+    return (f"{levels} pressure level(s), {'with' if precipitation_input else 'without'} "
+            f"precipitation input ({c} input and {o} output channels)")
+
+
+def _params_task(c: int, o: int) -> str:
+    """The task that weights of `c` data input and `o` output channels were made for."""
+    levels, left = divmod(o - len(SURFACE_VARIABLES), len(ATMOSPHERIC_VARIABLES))
+    forcings = (INPUT_FRAMES + 1) * len(FORCING_VARIABLES)  # both inputs' and the target's
+    per_frame = (c - forcings - len(STATIC_VARIABLES)) / INPUT_FRAMES
+    if levels >= 1 and not left and per_frame in (o, o - 1):
+        return "a task of " + _task_words(levels, per_frame == o, c, o)
+    return f"{c} input and {o} output channels, which no task has"
+
+
+def _check_channel_params(params, task, hidden_layers) -> None:
+    """Refuses arguments of `params_to_gclab_channels` / `params_to_official_channels`
+    that do not fit together, before anything is indexed: else an IndexError or KeyError
+    from inside the permutation names no argument, and a permutation shorter than the
+    weights (a task without precipitation input) or a hidden decoder layer taken for the
+    last would be permuted without a word.
+
+    Only the layers the permutation touches are checked: the grid and mesh embedders'
+    first layer (rows: data channels + 3 structural features), the grid decoder's last
+    (columns: output channels) and its layer count. The rest of the tree is the model's
+    business (`gclab.weather.checkpoint.check_params` checks a whole checkpoint against a
+    `ModelConfig`, which these functions are not given).
+
+    Raises:
+      TypeError: `params` not a mapping, `task` not a `TaskConfig`.
+      ValueError: `hidden_layers` not an integer >= 1 or not the params' count, `params`
+        lacking a layer, or `task` with other channels than `params`.
+    """
+    if not isinstance(task, TaskConfig):
+        raise TypeError(f"task={task!r} is invalid: a TaskConfig")
+    if not is_int(hidden_layers) or hidden_layers < 1:
+        raise ValueError(f"hidden_layers={hidden_layers!r} is invalid: an integer >= 1 "
+                         f"(1 in every published model)")
+    if not isinstance(params, Mapping):
+        raise TypeError(f"params is invalid: a {{module: {{name: array}}}} mapping, not a "
+                        f"{type(params).__name__}")
+    layers = sorted(int(m[len(DECODER):]) for m in params
+                    if isinstance(m, str) and m.startswith(DECODER)
+                    and m[len(DECODER):].isdigit())
+    last = f"{DECODER}{hidden_layers}"
+    for module in EMBEDDERS + (last,):
+        if module == last and layers and layers[-1] != hidden_layers:
+            raise ValueError(
+                f"hidden_layers={hidden_layers} is invalid for params: their grid decoder "
+                f"({DECODER[:-len('/~/linear_')]}) has {layers[-1]} hidden layer(s), "
+                f"linear_0..linear_{layers[-1]}")
+        leaves = params.get(module)
+        names = ("w", "b") if module == last else ("w",)
+        if not isinstance(leaves, Mapping) or not all(n in leaves for n in names):
+            raise ValueError(f"params is invalid: no {'/'.join(names)} of module "
+                             f"{module!r} (not a GraphCast parameter tree)")
+    c_in, o = task.data_channels, task.output_channels
+    shapes = [tuple(np.shape(params[m]["w"])) for m in EMBEDDERS]
+    w, b = tuple(np.shape(params[last]["w"])), tuple(np.shape(params[last]["b"]))
+    for module, shape in zip(EMBEDDERS, shapes):
+        if len(shape) != 2 or shape[0] <= STRUCTURAL_NODE_FEATURES:
+            raise ValueError(f"params is invalid: {module}/w has shape {shape}, not "
+                             f"[data channels + {STRUCTURAL_NODE_FEATURES}, latent]")
+    if len(w) != 2 or len(b) != 1 or w[1] != b[0]:
+        raise ValueError(f"params is invalid: {last} has w of shape {w} and b of shape "
+                         f"{b}, not [latent, outputs] and [outputs]")
+    c_params = shapes[0][0] - STRUCTURAL_NODE_FEATURES
+    if shapes[1][0] != shapes[0][0]:
+        raise ValueError(f"params is invalid: {EMBEDDERS[1]}/w has {shapes[1][0]} rows and "
+                         f"{EMBEDDERS[0]}/w {shapes[0][0]}; both are data channels + "
+                         f"{STRUCTURAL_NODE_FEATURES}")
+    if (c_params, w[1]) != (c_in, o):
+        raise ValueError(
+            f"task is invalid for params: the task has "
+            f"{_task_words(task.num_levels, task.precipitation_input, c_in, o)}, the params "
+            f"are for {_params_task(c_params, w[1])}")
+
+
 def _permute(params: Mapping, task: TaskConfig, hidden_layers: int, inverse: bool) -> dict:
+    _check_channel_params(params, task, hidden_layers)
     perm_in, perm_out = channel_permutations(task)
     if not inverse:  # official -> gclab: gclab channel i is official channel inv[i]
         perm_in, perm_out = np.argsort(perm_in), np.argsort(perm_out)
     C = perm_in.size
     out = {m: dict(v) for m, v in params.items()}
-    for module in ("grid2mesh_gnn/encoder_nodes_grid_nodes_mlp/~/linear_0",
-                   "grid2mesh_gnn/encoder_nodes_mesh_nodes_mlp/~/linear_0"):
+    for module in EMBEDDERS:
         w = np.asarray(out[module]["w"])  # [C + 3, L]: data channels, then structural
         out[module]["w"] = np.concatenate([w[:C][perm_in], w[C:]])
-    last = f"mesh2grid_gnn/decoder_nodes_grid_nodes_mlp/~/linear_{hidden_layers}"
+    last = f"{DECODER}{hidden_layers}"
     out[last]["w"] = np.asarray(out[last]["w"])[:, perm_out]  # [L, O]
     out[last]["b"] = np.asarray(out[last]["b"])[perm_out]  # [O]
     return out
@@ -172,6 +261,10 @@ def params_to_gclab_channels(params: Mapping, task: TaskConfig, hidden_layers: i
 
     Only the grid and mesh embedders' first layer (rows) and the decoder's last layer
     (columns) change, by a permutation: no arithmetic, so nothing is rounded.
+
+    Raises:
+      TypeError, ValueError: arguments that do not fit together (`_check_channel_params`):
+        the message names `params`, `task` or `hidden_layers` and what differs.
     """
     return _permute(params, task, hidden_layers, inverse=False)
 
@@ -617,12 +710,32 @@ def raw_example(ds, task: TaskConfig, start: int = 0, rollout: int = 1,
     frames, is a `DataError` naming the file, the variable and the time step. A forecast
     uses only the target frames' forcings: the weather of frames not yet observed may be
     NaN (as in the official rollout's `targets_template`).
+
+    Raises:
+      TypeError: `task` not a `TaskConfig`.
+      ValueError: `start` not an integer >= 0 or `rollout` not an integer >= 1.
+      DataError: too few time steps for `start` and `rollout`; a `level` coordinate that
+        is not the task's pressure levels, in its order (`check_dataset` selects them);
+        a damaged chunk or a value that is not finite.
     """
+    if not isinstance(task, TaskConfig):
+        raise TypeError(f"task={task!r} is invalid: a TaskConfig")
+    for name, value, least in (("start", start, 0), ("rollout", rollout, 1)):
+        if not is_int(value) or value < least:
+            raise ValueError(f"{name}={value!r} is invalid: an integer >= {least}")
+    start, rollout = int(start), int(rollout)
+    where = _source(ds)
+    # Levels are read in the dataset's order: any other set or order than the task's
+    # would put channels where the network expects others (or index past them).
+    levels = ds.coords["level"].values.tolist() if "level" in ds.coords else None
+    if levels != list(task.pressure_levels):
+        raise DataError(f"{where}: level is {levels}, the task's pressure levels are "
+                        f"{list(task.pressure_levels)} (check_dataset(ds, task) selects "
+                        f"them, in the task's order)")
     n = ds.sizes["time"]
-    if start < 0 or start + rollout + 2 > n:
+    if start + rollout + 2 > n:
         raise DataError(f"the dataset has {n} time steps; inputs at {start}, {start + 1} "
                         f"and {rollout} target step(s) need {start + rollout + 2}")
-    where = _source(ds)
     t = start + 1
     n_lon = ds.sizes["lon"]
     n_nodes = ds.sizes["lat"] * n_lon
@@ -656,7 +769,18 @@ def synthetic_dataset(weather: SyntheticWeather, frames: int, start: int = 0,
     Batch row b holds frames `start + batch_starts[b] ..` (`frames` of them). Forcings
     written are the synthetic ones; the progress features are left out, so that reading
     back recomputes them from `datetime` as the official code does.
+
+    Raises:
+      ValueError: `frames` not an integer >= 3 (two input frames and one target frame, the
+        least that holds one example).
     """
+    # Fewer frames would make a dataset with no example in it (0 or less: no time steps at
+    # all), which fails only later, where it is read.
+    least = INPUT_FRAMES + 1
+    if not is_int(frames) or frames < least:
+        raise ValueError(f"frames={frames!r} is invalid: an integer >= {least} (two input "
+                         f"frames and one target frame make the smallest example)")
+    frames = int(frames)
     xarray = _xarray()
     task = weather.task
     lat, lon = weather.grid_lat, weather.grid_lon
