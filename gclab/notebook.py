@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import math
 import os
 import platform
 import textwrap
@@ -700,6 +701,17 @@ def _relative_spread(seconds: Sequence[float]) -> float:
     return (max(seconds) - min(seconds)) / statistics.median(seconds)
 
 
+def _check_timings(fn: str, name: str, seconds: Sequence[float], least: int) -> None:
+    """Raises the ValueError of timings that are fewer than `least` or not all positive
+    numbers (a median, spread or ratio of them would be a statistics or division error)."""
+    seconds = list(seconds)
+    if len(seconds) < least or not all(
+            isinstance(t, (int, float)) and not isinstance(t, bool) and 0 < t < math.inf
+            for t in seconds):
+        count = "two or more" if least == 2 else "one or more"
+        raise ValueError(f"{fn}: {name!r} needs {count} positive timings, got {seconds!r}")
+
+
 def compare_times(samples: Mapping[str, Sequence[float]], subject: str,
                   reference: str) -> TimeComparison:
     """Says whether `subject` ran faster or slower than `reference`, or within the noise.
@@ -723,10 +735,7 @@ def compare_times(samples: Mapping[str, Sequence[float]], subject: str,
         if name not in samples:
             raise ValueError(f"compare_times: no timings named {name!r}; have "
                              + ", ".join(map(repr, samples)))
-        seconds = list(samples[name])
-        if len(seconds) < 2 or not all(isinstance(t, (int, float)) and t > 0 for t in seconds):
-            raise ValueError(f"compare_times: {name!r} needs two or more positive timings, "
-                             f"got {seconds!r}")
+        _check_timings("compare_times", name, samples[name], least=2)
     a, b = list(samples[subject]), list(samples[reference])
     if max(a) < min(b):
         verdict = "faster than"
@@ -749,6 +758,11 @@ def time_table(samples: Mapping[str, Sequence[float]]):
 
     import pandas as pd
 
+    if not isinstance(samples, Mapping) or not samples:
+        raise ValueError(f"time_table: samples={samples!r} is invalid: seconds per run, by "
+                         "name (one name at least)")
+    for name, seconds in samples.items():
+        _check_timings("time_table", name, seconds, least=1)
     return pd.DataFrame([{"name": k, "median_seconds": statistics.median(v),
                           "fastest_seconds": min(v), "slowest_seconds": max(v),
                           "spread": _relative_spread(v), "runs": len(v)}
@@ -802,6 +816,10 @@ def guarded_grid(configs: Sequence[LiveConfig], *, usable: Optional[int] = None,
 
     if not is_int(repeats) or repeats < 1:
         raise ValueError(f"repeats={repeats!r} is invalid: an integer >= 1")
+    wrong = [c for c in configs if not isinstance(c, LiveConfig)]
+    if wrong:  # a StepSpec, say (`run_if_fits` takes those): its label and guard are missing
+        raise TypeError(f"guarded_grid: configs are LiveConfigs (`live_configs(chapter, "
+                        f"scale)`), not {type(wrong[0]).__name__}")
     usable = usable_here() if usable is None else int(usable)
     rows = []
     for config in configs:

@@ -2,9 +2,11 @@
 
 import dataclasses
 import json
+import re
 
 import pytest
 
+from gclab.config import get_preset
 from gclab.notebook import (
     SCALE_TABLE,
     SCALES,
@@ -214,6 +216,28 @@ def test_compare_times_refuses_what_it_cannot_judge(samples, message):
 
     with pytest.raises(ValueError, match=message):
         compare_times(samples, "a", "b")
+
+
+@pytest.mark.parametrize("samples, message", [
+    ({}, "time_table: samples={} is invalid"),  # a KeyError of pandas before
+    ({"a": []}, "'a' needs one or more positive timings"),  # a StatisticsError
+    ({"a": [-1.0, 1.0]}, "'a' needs one or more positive timings"),  # a ZeroDivisionError
+    ({"a": [float("nan")]}, "'a' needs one or more positive timings"),
+])
+def test_time_table_refuses_what_it_cannot_summarise(samples, message):
+    from gclab.notebook import time_table
+
+    with pytest.raises(ValueError, match=re.escape(message)):
+        time_table(samples)
+
+
+def test_guarded_grid_names_a_step_spec_given_for_a_live_config():
+    from gclab.notebook import guarded_grid
+    from gclab.sizing import StepSpec
+
+    spec = StepSpec(get_preset("cpu-4x32").model, get_preset("cpu-4x32").task)
+    with pytest.raises(TypeError, match="configs are LiveConfigs .* not StepSpec"):
+        guarded_grid([spec], usable=2**30)
 
 
 def test_planned_and_measured_table_formats_bytes_and_says_once_why_a_peak_is_missing():

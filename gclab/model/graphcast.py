@@ -638,9 +638,18 @@ def make_network(model: ModelConfig, data_channels: int, output_channels: int,
     for name, v in (("data_channels", data_channels), ("output_channels", output_channels)):
         if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
             raise ValueError(f"{name}={v!r} is invalid: an integer >= 1.")
+    # Checked here: the transform reads them only in `init` or `apply`, where a wrong kind
+    # is an attribute error of some inner line.
+    if not isinstance(model, ModelConfig):
+        raise TypeError(f"model={model!r} is invalid: a ModelConfig")
+    if memory is not None and not isinstance(memory, MemoryConfig):
+        raise TypeError(f"memory={memory!r} is invalid: a MemoryConfig or None")
     mem = memory or MemoryConfig()
 
     def forward(graph: GraphInputs, inputs: Array) -> Array:
+        if not isinstance(graph, GraphInputs):
+            raise TypeError(f"graph is invalid: a GraphInputs (`gclab.model.graph_inputs`), "
+                            f"not a {type(graph).__name__}")
         if inputs.ndim != 3 or inputs.shape[-1] != data_channels:
             raise ValueError(f"inputs must have shape [Ng, B, {data_channels}], "
                              f"got {tuple(inputs.shape)}")

@@ -121,6 +121,13 @@ def test_bad_inputs_give_clear_errors(tiny):
         net.apply(params, graph, inputs[:10])
     with pytest.raises(ValueError, match="data_channels"):
         make_network(ModelConfig(), 0, 3)
+    # Named when the network is made or applied, not as an attribute error inside.
+    with pytest.raises(TypeError, match="model='cpu-4x32' is invalid: a ModelConfig"):
+        make_network("cpu-4x32", 3, 3)
+    with pytest.raises(TypeError, match="memory='lean' is invalid: a MemoryConfig or None"):
+        make_network(ModelConfig(), 3, 3, memory="lean")
+    with pytest.raises(TypeError, match="graph is invalid: a GraphInputs"):
+        net.apply(params, None, inputs)
 
 
 @pytest.mark.parametrize("field,value,message", [
