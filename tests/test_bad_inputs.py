@@ -29,16 +29,23 @@ from gclab import cli, files, limits
 from gclab.config import ConfigError, ModelConfig, TaskConfig, get_preset
 from gclab.files import CacheWarning, OutputPathError, atomic_path, check_output_path
 from gclab.geometry import graphs as graphs_lib
+from gclab.geometry.grid_mesh import grid_latitudes, grid_longitudes
 from gclab.measure.compiled import CompiledMemory
+from gclab.memory.blocks import balanced_block, split_blocks
 from gclab.memory.config import RECIPES, MemoryConfig, get_recipe
+from gclab.memory.precision import compute_dtype
+from gclab.memory.remat import remat_policy
 from gclab.model.graphcast import graph_inputs, make_network
 from gclab.model.reference import FixtureError, load_fixture, run_checks
 from gclab.notebook import guarded_grid
+from gclab.parallel.pipeline import bubble_fraction
 from gclab.parallel.processes import MAX_CPU_DEVICES, initialize_processes, use_cpu_devices
 from gclab.sizing import analytical, planner
+from gclab.sizing.speed import data_sheet, speed_for
 from gclab.sizing.step import StepSpec, compile_train_step, train_step_abstract
 from gclab.training.data import SyntheticWeather
 
+BLOCK_ROWS = np.zeros((10, 2), np.float32)
 # The module, not the `sweep` function that `gclab.sizing` exports under the same name.
 sweep_lib = importlib.import_module("gclab.sizing.sweep")
 step_lib = importlib.import_module("gclab.sizing.step")
@@ -896,6 +903,26 @@ API = [
     (lambda: use_cpu_devices(MAX_CPU_DEVICES + 1), "JAX's CPU backend runs in one process (at "
      "most 2048)"),
     (lambda: initialize_processes("127.0.0.1:1", 2, 0, timeout=0), "timeout=0 is invalid"),
+    # Helpers of the memory, parallel, geometry and sizing layers.
+    (lambda: compute_dtype("fp16"), "compute_dtype precision='fp16' is invalid: one of f32, bf16"),
+    (lambda: remat_policy("bogus"),
+     "remat_policy name='bogus' is invalid: one of nothing, dots, aggregated, node-latents"),
+    (lambda: balanced_block(10, 0), "balanced_block block=0 is invalid: an integer >= 1"),
+    (lambda: balanced_block(10, 2.5), "balanced_block block=2.5 is invalid"),
+    (lambda: balanced_block(-1, 4), "balanced_block n=-1 is invalid: an integer >= 0"),
+    (lambda: split_blocks(BLOCK_ROWS, 0), "split_blocks block=0 is invalid: an integer >= 1"),
+    (lambda: split_blocks(BLOCK_ROWS, 4, shards=0), "split_blocks shards=0 is invalid"),
+    (lambda: bubble_fraction(0, 4), "bubble_fraction stages=0 is invalid: an integer >= 1"),
+    (lambda: bubble_fraction(4, 0), "bubble_fraction microbatches=0 is invalid"),
+    (lambda: bubble_fraction(2.5, 4), "bubble_fraction stages=2.5 is invalid"),
+    (lambda: grid_latitudes(7.0), "grid_latitudes resolution=7.0 is invalid: 180 / resolution"),
+    (lambda: grid_latitudes(0.0), "grid_latitudes resolution=0.0 is invalid: a positive number"),
+    (lambda: grid_latitudes(-1.0), "grid_latitudes resolution=-1.0 is invalid"),
+    (lambda: grid_latitudes(float("nan")), "grid_latitudes resolution=nan is invalid"),
+    (lambda: grid_longitudes(7.0), "grid_longitudes resolution=7.0 is invalid"),
+    (lambda: data_sheet("H100", "fp16"),
+     "data_sheet precision='fp16' is invalid: one of f32, bf16"),
+    (lambda: speed_for("H100", "fp16"), "speed_for precision='fp16' is invalid"),
 ]
 
 
