@@ -412,11 +412,11 @@ class _Input(argparse.Action):
 
     def __init__(self, *args, read: Callable[[str], Any], **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        self.read = read
+        self.read = _path_option(read)
 
     def __call__(self, parser, namespace, values, option_string=None) -> None:
         try:
-            setattr(namespace, self.dest, _path_option(self.read)(_not_empty(values)))
+            setattr(namespace, self.dest, self.read(_not_empty(values)))
         except argparse.ArgumentTypeError as e:  # as argparse reports an option type's
             raise argparse.ArgumentError(self, str(e)) from None
         setattr(namespace, f"{self.dest}_path", values)
@@ -1328,30 +1328,30 @@ def _main(parser: argparse.ArgumentParser, argv: Optional[Sequence[str]]) -> int
         parser.print_help()
         return 2
     prefix = f"gclab {args.command}: error:"
-    with warnings.catch_warnings():
-        warnings.showwarning = _one_line_warnings(args.command)
-        try:
-            if hasattr(args, "devices"):  # before JAX starts: simulated devices, processes
-                start_devices(args)
-            if args.command != "graph":  # every other command runs JAX
-                _check_backend()
-            return args.func(args)
-        except ValueError as e:  # UsageError, config/fixture errors, TooLarge: one line
-            print(f"{prefix} {e}", file=sys.stderr)
-            return 2
-        except BrokenPipeError:  # the reader went away (`gclab ... | head`): stop quietly
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            return 1
-        except OSError as e:  # a file that could not be written mid-run
-            where = f": {e.filename}" if e.filename else ""
-            print(f"{prefix} {e.strerror or e}{where}", file=sys.stderr)
-            return 1
-        except MemoryError:
-            print(f"{prefix} out of memory", file=sys.stderr)
-            return 1
-        except KeyboardInterrupt:
-            print(f"gclab {args.command}: interrupted", file=sys.stderr)
-            return 130
+    # The parsed command names the run's warnings (`main` restores the hook at the end).
+    warnings.showwarning = _one_line_warnings(args.command)
+    try:
+        if hasattr(args, "devices"):  # before JAX starts: simulated devices, processes
+            start_devices(args)
+        if args.command != "graph":  # every other command runs JAX
+            _check_backend()
+        return args.func(args)
+    except ValueError as e:  # UsageError, config/fixture errors, TooLarge: one line
+        print(f"{prefix} {e}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # the reader went away (`gclab ... | head`): stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except OSError as e:  # a file that could not be written mid-run
+        where = f": {e.filename}" if e.filename else ""
+        print(f"{prefix} {e.strerror or e}{where}", file=sys.stderr)
+        return 1
+    except MemoryError:
+        print(f"{prefix} out of memory", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"gclab {args.command}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -207,11 +207,12 @@ def read_npz(path, what: str) -> dict:
     """The `{key: array}` dict of the `.npz` file `path`, read without pickle, with what
     would not fit refused before numpy allocates it.
 
-    Every member's `.npy` header is read first (a few bytes, inflated where the member is
-    compressed) and the bytes its shape and dtype declare are compared with the bytes the
-    member holds: numpy allocates the declared shape before reading the data, so a damaged
-    header (a shape of 10^14, say) would end in a `MemoryError` naming neither the file nor
-    the member. The members' unpacked sizes together must then fit in this machine's memory.
+    The members' unpacked sizes together (from the archive's directory) must fit in this
+    machine's memory. Each member's `.npy` header is then read before its data (a few bytes,
+    inflated where the member is compressed) and the bytes its shape and dtype declare are
+    compared with the bytes the member holds: numpy allocates the declared shape before
+    reading the data, so a damaged header (a shape of 10^14, say) would end in a
+    `MemoryError` naming neither the file nor the member.
 
     Args:
       path: the file, a zip archive (see `is_npz`).
@@ -228,13 +229,7 @@ def read_npz(path, what: str) -> dict:
     """
     with zipfile.ZipFile(path) as z:
         infos = z.infolist()
-        for info in infos:
-            try:
-                with z.open(info) as member:
-                    _check_npy_header(member, info.file_size)
-            except NPZ_ERRORS as e:
-                raise ValueError(f"member {info.filename}: {_first_line(e)}") from None
-        unpacked = sum(info.file_size for info in infos)
+        unpacked = sum(info.file_size for info in infos)  # from the archive's directory
         require_fits(f"{path}: reading {what} ({unpacked:,} bytes unpacked)", unpacked,
                      host_memory_bytes(), "this machine's memory")
         arrays = {}
@@ -242,6 +237,8 @@ def read_npz(path, what: str) -> dict:
             key = info.filename[:-4] if info.filename.endswith(".npy") else info.filename
             try:
                 with z.open(info) as member:
+                    _check_npy_header(member, info.file_size)
+                    member.seek(0)  # `read_array` reads the header again, from the start
                     arrays[key] = np.lib.format.read_array(member, allow_pickle=False)
             except MemoryError as e:
                 raise TooLarge(f"{path}: reading member {info.filename}: out of memory "

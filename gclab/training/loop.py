@@ -112,22 +112,18 @@ def check_init_params(params, model: ModelConfig, task: TaskConfig) -> None:
     if not isinstance(params, Mapping):
         raise TypeError(f"init_params is invalid: a {{module: {{name: array}}}} mapping, "
                         f"not a {type(params).__name__}")
+    prefix = (f"init_params is invalid for {model.latent_size} x {model.processor_steps}, "
+              f"{task.output_channels} output channels: ")
     for module in sorted(set(want) | set(params)):
         if module not in params or module not in want:
             where = "missing" if module not in params else "not a parameter of this model"
-            raise ValueError(f"init_params is invalid for {model.latent_size} x "
-                             f"{model.processor_steps}, {task.output_channels} output "
-                             f"channels: module {module!r} {where}")
-        given = params[module]
-        for name in sorted(set(want[module]) | set(given if isinstance(given, Mapping) else {})):
-            shape = getattr(given.get(name) if isinstance(given, Mapping) else None, "shape",
-                            None)
-            if shape is None or tuple(shape) != want[module][name].shape:
-                expected = want[module].get(name)
+            raise ValueError(f"{prefix}module {module!r} {where}")
+        given = params[module] if isinstance(params[module], Mapping) else {}
+        for name in sorted(set(want[module]) | set(given)):
+            shape, expected = getattr(given.get(name), "shape", None), want[module].get(name)
+            if shape is None or expected is None or tuple(shape) != expected.shape:
                 raise ValueError(
-                    f"init_params is invalid for {model.latent_size} x "
-                    f"{model.processor_steps}, {task.output_channels} output channels: "
-                    f"{module}/{name} is "
+                    f"{prefix}{module}/{name} is "
                     + ("missing" if shape is None else f"of shape {tuple(shape)}")
                     + (f", the model's is {expected.shape}" if expected is not None
                        else ", not a parameter of this model"))

@@ -78,3 +78,12 @@ def test_train_checks_init_params_before_the_first_step(monkeypatch):
                         lambda *a: pytest.fail("work went on with another model's parameters"))
     with pytest.raises(ValueError, match="init_params is invalid"):
         train(CFG, TASK, 1, init_params=_params(CFG.replace(latent_size=16), TASK))
+
+
+def test_a_parameter_the_model_lacks_is_named():
+    """A name the model has no such parameter of, in a module it has (a KeyError before)."""
+    params = _params(CFG, TASK)
+    module = sorted(params)[0]
+    params[module]["extra"] = np.zeros(3, np.float32)
+    with pytest.raises(ValueError, match=f"{module}/extra is of shape \\(3,\\), not a parameter"):
+        check_init_params(params, CFG, TASK)
