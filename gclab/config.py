@@ -98,6 +98,19 @@ def is_int(v: object) -> bool:
     return isinstance(v, numbers.Integral) and not isinstance(v, bool)
 
 
+def require_count(name: str, value: object, least: int, caller: str = "") -> int:
+    """`value` as an int if it is an integer (Python or numpy, not a bool) >= `least`.
+
+    Raises:
+      ValueError: ``"<caller> <name>=<value> is invalid: an integer >= <least>"`` otherwise
+        (the caller, a function's name, only where given).
+    """
+    if not is_int(value) or value < least:
+        where = f"{caller} " if caller else ""
+        raise ValueError(f"{where}{name}={value!r} is invalid: an integer >= {least}")
+    return int(value)
+
+
 def is_number(v: object) -> bool:
     """A real number (Python or numpy, int or float), and not a bool."""
     return isinstance(v, numbers.Real) and not isinstance(v, bool)

@@ -25,15 +25,8 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
-from gclab.config import is_int
+from gclab.config import require_count
 from gclab.memory.precision import aggregate
-
-
-def _require_count(fn: str, name: str, value: Any, least: int) -> None:
-    """Raises the ValueError of a block count that is not an integer >= `least` (a
-    zero block size would divide by zero; a fractional one would give fractional rows)."""
-    if not is_int(value) or value < least:
-        raise ValueError(f"{fn} {name}={value!r} is invalid: an integer >= {least}")
 
 
 def balanced_block(n: int, block: int) -> int:
@@ -44,9 +37,9 @@ def balanced_block(n: int, block: int) -> int:
     Raises:
       ValueError: `n` not an integer >= 0, or `block` not an integer >= 1.
     """
-    _require_count("balanced_block", "n", n, 0)
-    _require_count("balanced_block", "block", block, 1)
-    n, block = int(n), int(block)
+    # A zero block would divide by zero; a fractional one would give fractional rows.
+    n = require_count("n", n, 0, "balanced_block")
+    block = require_count("block", block, 1, "balanced_block")
     nb = max(1, -(-n // block))
     return max(1, -(-n // nb))
 
@@ -73,9 +66,8 @@ def split_blocks(x: jax.Array, block: int, fill=0, shards: int = 1) -> jax.Array
       ValueError: `block` or `shards` not an integer >= 1, or `block` not a multiple of
         `shards`.
     """
-    _require_count("split_blocks", "block", block, 1)
-    _require_count("split_blocks", "shards", shards, 1)
-    block, shards = int(block), int(shards)
+    block = require_count("block", block, 1, "split_blocks")
+    shards = require_count("shards", shards, 1, "split_blocks")
     if block % shards:
         raise ValueError(f"block {block} is not a multiple of shards={shards}")
     n, sub = x.shape[0], block // shards

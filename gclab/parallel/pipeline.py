@@ -62,7 +62,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
-from gclab.config import is_int
+from gclab.config import require_count
 from gclab.parallel.config import PIPELINE_AXIS, ParallelConfig
 
 # The layout whose pipeline the network runs while a step is traced (`use_pipeline`).
@@ -76,9 +76,8 @@ def bubble_fraction(stages: int, microbatches: int) -> float:
       ValueError: `stages` or `microbatches` not an integer >= 1 (no stage or no
         micro-batch is no schedule; the formula would give a negative fraction).
     """
-    for name, value in (("stages", stages), ("microbatches", microbatches)):
-        if not is_int(value) or value < 1:
-            raise ValueError(f"bubble_fraction {name}={value!r} is invalid: an integer >= 1")
+    stages = require_count("stages", stages, 1, "bubble_fraction")
+    microbatches = require_count("microbatches", microbatches, 1, "bubble_fraction")
     return (stages - 1) / (microbatches + stages - 1)
 
 

@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
-from gclab.config import ModelConfig, TaskConfig, is_int
+from gclab.config import ModelConfig, TaskConfig, require_count
 from gclab.geometry.graphs import graphs_for
 from gclab.memory.config import MemoryConfig
 from gclab.model.graphcast import graph_inputs, make_network, param_shapes
@@ -95,9 +95,8 @@ def _check_train_arguments(model, task, steps, memory, parallel, weather,
                                        for m in ("normalization", "make_batch")):
         raise TypeError(f"weather={weather!r} is invalid: None, or an object with "
                         "normalization() and make_batch(batch, rollout, start)")
-    for name, value in (("steps", steps), ("schedule_steps", schedule_steps)):
-        if not is_int(value) or value < 1:
-            raise ValueError(f"{name}={value!r} is invalid: an integer >= 1")
+    require_count("steps", steps, 1)
+    require_count("schedule_steps", schedule_steps, 1)
 
 
 def check_init_params(params, model: ModelConfig, task: TaskConfig) -> None:

@@ -44,6 +44,7 @@ from gclab.config import (
     SURFACE_VARIABLES,
     TaskConfig,
     is_int,
+    require_count,
 )
 from gclab.training.data import (
     DAYS_PER_YEAR,
@@ -720,10 +721,7 @@ def raw_example(ds, task: TaskConfig, start: int = 0, rollout: int = 1,
     """
     if not isinstance(task, TaskConfig):
         raise TypeError(f"task={task!r} is invalid: a TaskConfig")
-    for name, value, least in (("start", start, 0), ("rollout", rollout, 1)):
-        if not is_int(value) or value < least:
-            raise ValueError(f"{name}={value!r} is invalid: an integer >= {least}")
-    start, rollout = int(start), int(rollout)
+    start, rollout = require_count("start", start, 0), require_count("rollout", rollout, 1)
     where = _source(ds)
     # Levels are read in the dataset's order: any other set or order than the task's
     # would put channels where the network expects others (or index past them).
