@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
 from gclab import devices
-from gclab.config import ModelConfig, TaskConfig
+from gclab.config import ModelConfig, TaskConfig, is_number, require_count
 from gclab.recordings import output_dir
 from gclab.recordings import recorded as _read_recording
 
@@ -325,8 +325,12 @@ def live_configs(chapter: str, scale: Scale) -> list[LiveConfig]:
       scale: a `Scale`.
 
     Raises:
+      TypeError: `scale` not a `Scale` (a scale's name is not one: its models are read).
       ValueError: an unknown chapter.
     """
+    if not isinstance(scale, Scale):
+        raise TypeError(f"live_configs scale={scale!r} is invalid: a Scale (choose_scale() or "
+                        f"SCALE_TABLE[name], name one of {', '.join(SCALES)})")
     from gclab.config import get_preset
     from gclab.geometry import graphs_for
     from gclab.memory import MemoryConfig, get_recipe, parse_remat_spec, scaled_edge_block
@@ -430,6 +434,23 @@ def usable_here() -> int:
     return usable if usable is not None else devices.CPU_USABLE_BYTES
 
 
+def _usable(usable: object, caller: str) -> int:
+    """A ``usable=`` argument as bytes: `usable_here()` for None.
+
+    Raises:
+      TypeError: not a number (a size in words such as ``"8GiB"``, say).
+      ValueError: a number that is not finite and > 0 (nothing would fit it).
+    """
+    if usable is None:
+        return usable_here()
+    allowed = "a finite number of bytes > 0 (e.g. 8 * 2**30), or None for usable_here()"
+    if not is_number(usable):
+        raise TypeError(f"{caller} usable={usable!r} is invalid: {allowed}")
+    if not 0 < usable < math.inf:
+        raise ValueError(f"{caller} usable={usable!r} is invalid: {allowed}")
+    return int(usable)
+
+
 def run_if_fits(spec, label: str = "", *, graphs=None, usable: Optional[int] = None,
                 timeline: bool = False, measure: bool = False) -> GuardedRun:
     """Compiles one training step and prepares it to run only if its plan fits.
@@ -444,10 +465,14 @@ def run_if_fits(spec, label: str = "", *, graphs=None, usable: Optional[int] = N
       usable: usable bytes to check against (default: `usable_here()`).
       timeline: also read the memory timeline.
       measure: on a GPU, also measure the peak in a fresh process (`measure_peak`).
+
+    Raises:
+      TypeError: `usable` not a number (a size in words such as ``"8GiB"``, say).
+      ValueError: `usable` not a finite number > 0.
     """
     from gclab.sizing import compile_train_step
 
-    usable = usable_here() if usable is None else int(usable)
+    usable = _usable(usable, "run_if_fits")
     step = compile_train_step(spec, graphs, timeline=timeline, live=True,
                               run_if=lambda m: devices.fits(m.total_bytes, usable))
     fits = devices.fits(step.memory.total_bytes, usable)
@@ -606,15 +631,31 @@ def planned_and_measured(configs, *, plans=None, usable: Optional[int] = None,
       outputs and temp), ``temp_bytes``, ``measured_peak_bytes`` and
       ``measured_over_plan`` (None where not measured), and ``measured`` (the peak in
       words, or why there is none).
+
+    Raises:
+      TypeError: `configs` not a mapping of labels to `StepSpec`s (a list, say, or
+        `LiveConfig`s), or `usable` not a number.
+      ValueError: no configurations, `usable` not a finite number > 0, or `repeats` not
+        an integer >= 1.
     """
     import jax
     import pandas as pd
 
     from gclab import measure
-    from gclab.sizing import train_step_memory
+    from gclab.sizing import StepSpec, train_step_memory
 
+    if not isinstance(configs, Mapping):
+        raise TypeError(f"planned_and_measured configs is a {type(configs).__name__}: it must "
+                        "be a {label: StepSpec} mapping")
+    if not configs:
+        raise ValueError("planned_and_measured configs is empty: nothing to plan")
+    wrong = [label for label, spec in configs.items() if not isinstance(spec, StepSpec)]
+    if wrong:  # a LiveConfig, say: its StepSpec is its `spec`
+        raise TypeError(f"planned_and_measured configs[{wrong[0]!r}] is a "
+                        f"{type(configs[wrong[0]]).__name__}: each value must be a StepSpec")
+    repeats = require_count("repeats", repeats, 1, "planned_and_measured")
     backend = jax.default_backend()
-    usable = usable_here() if usable is None else int(usable)
+    usable = _usable(usable, "planned_and_measured")
     rows = []
     for label, spec in configs.items():
         if plans is not None and label in plans:
@@ -803,24 +844,23 @@ def guarded_grid(configs: Sequence[LiveConfig], *, usable: Optional[int] = None,
       not fit this card``).
 
     Raises:
-      ValueError: `repeats` not an integer >= 1.
+      TypeError: `configs` holding anything but `LiveConfig`s, or `usable` not a number.
+      ValueError: `repeats` not an integer >= 1, or `usable` not a finite number > 0.
     """
     import gc
     import math
 
     import pandas as pd
 
-    from gclab.config import is_int
     from gclab.measure.timing import median_seconds
     from gclab.sizing import param_count
 
-    if not is_int(repeats) or repeats < 1:
-        raise ValueError(f"repeats={repeats!r} is invalid: an integer >= 1")
+    repeats = require_count("repeats", repeats, 1)
     wrong = [c for c in configs if not isinstance(c, LiveConfig)]
     if wrong:  # a StepSpec, say (`run_if_fits` takes those): its label and guard are missing
         raise TypeError(f"guarded_grid: configs are LiveConfigs (`live_configs(chapter, "
                         f"scale)`), not {type(wrong[0]).__name__}")
-    usable = usable_here() if usable is None else int(usable)
+    usable = _usable(usable, "guarded_grid")
     rows = []
     for config in configs:
         guarded = run_if_fits(config.spec, config.label, usable=usable)
@@ -849,10 +889,7 @@ def page_text(text: str, width: int = PAGE_WIDTH) -> str:
     Raises:
       ValueError: `width` not an integer >= 20.
     """
-    from gclab.config import is_int
-
-    if not is_int(width) or width < 20:
-        raise ValueError(f"width={width!r} is invalid: an integer >= 20")
+    width = require_count("width", width, 20)
     return "\n".join(
         textwrap.fill(line, width, subsequent_indent="  ", break_long_words=False,
                       break_on_hyphens=False) if len(line) > width else line

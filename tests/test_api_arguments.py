@@ -53,3 +53,46 @@ def test_use_cpu_devices_refuses_before_touching_jax(n, error, words, monkeypatc
     with pytest.raises(error) as e:
         processes.use_cpu_devices(n)
     assert words in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("timeout", [0, True, 30.0, np.int64(0)], ids=repr)
+def test_initialize_processes_timeout_is_an_integer_of_seconds(timeout, monkeypatch):
+    monkeypatch.setattr(processes, "jax", _Untouchable())
+    with pytest.raises(ValueError) as e:
+        processes.initialize_processes("127.0.0.1:1", 2, 0, timeout=timeout)
+    assert str(e.value) == f"timeout={timeout!r} is invalid: an integer >= 1 (seconds)"
+
+
+def test_initialize_processes_takes_a_numpy_timeout_as_an_int(monkeypatch):
+    calls = []
+
+    class _Jax:  # records the call instead of joining a run
+        class distributed:
+            initialize = staticmethod(lambda **kwargs: calls.append(kwargs))
+
+    monkeypatch.setattr(processes, "jax", _Jax)
+    assert processes.initialize_processes("127.0.0.1:1", 2, 0, timeout=np.int64(30))
+    assert calls[0]["initialization_timeout"] == 30
+    assert type(calls[0]["initialization_timeout"]) is int
+
+
+def test_sizes_of_the_shapes_compiled_from_are_counts_and_configs_of_their_kind():
+    from gclab.config import ModelConfig, TaskConfig
+    from gclab.sizing.analytical import param_count
+    from gclab.training.examples import example_shapes
+
+    task = TaskConfig()
+    # A negative grid was a shape of -5 nodes, found only by the compiler (if at all).
+    for args, words in (((task, -5, 1, 1), "example_shapes num_grid_nodes=-5 is invalid"),
+                        ((task, 10, 0, 1), "example_shapes batch=0 is invalid"),
+                        ((task, 10, 1, 2.0), "example_shapes rollout=2.0 is invalid")):
+        with pytest.raises(ValueError, match=words):
+            example_shapes(*args)
+    assert example_shapes(task, np.int64(10), 1, 2).targets.shape[:3] == (2, 10, 1)
+    # A str model or task was an AttributeError ('str' object has no attribute ...).
+    with pytest.raises(TypeError, match="^example_shapes task='13' is invalid: a TaskConfig$"):
+        example_shapes("13", 10, 1, 1)
+    for args, words in (((ModelConfig(), "13"), "param_count task='13' is invalid"),
+                        (("graphcast", task), "param_count model='graphcast' is invalid")):
+        with pytest.raises(TypeError, match=words):
+            param_count(*args)

@@ -923,6 +923,11 @@ API = [
     (lambda: data_sheet("H100", "fp16"),
      "data_sheet precision='fp16' is invalid: one of f32, bf16"),
     (lambda: speed_for("H100", "fp16"), "speed_for precision='fp16' is invalid"),
+    (lambda: sweep_lib.load_sweep(TINY_FIXTURE), "official_tiny.npz: not JSON"),
+    (lambda: sweep_lib.load_sweep(DATA / "official_tiny.json"),
+     "official_tiny.json: JSON of the wrong shape (not a list)"),
+    (lambda: guarded_grid([], repeats=True), "repeats=True is invalid: an integer >= 1"),
+    (lambda: guarded_grid([], usable=0), "guarded_grid usable=0 is invalid"),
 ]
 
 

@@ -4,6 +4,7 @@ import dataclasses
 import json
 import re
 
+import numpy as np
 import pytest
 
 from gclab.config import get_preset
@@ -338,3 +339,46 @@ def test_claim_figures_paste_a_recording_and_say_n_a_without_one():
     empty = claim_figures(None)
     assert set(empty) == set(got) and empty["deepmind_total"] == "n/a"
     assert math.isnan(empty["grid_buffers"]) and math.isnan(empty["live_step"])
+
+
+@pytest.mark.parametrize("width,words", [
+    (True, "width=True is invalid: an integer >= 20"),
+    (30.0, "width=30.0 is invalid: an integer >= 20"),
+    (np.int64(19), "width=np.int64(19) is invalid: an integer >= 20"),
+], ids=repr)
+def test_page_text_width_is_an_integer_not_a_bool_or_float(width, words):
+    from gclab.notebook import page_text
+
+    with pytest.raises(ValueError) as e:
+        page_text("a", width)
+    assert str(e.value) == words
+    assert page_text("a b c", np.int64(20)) == "a b c"
+
+
+def test_live_configs_names_a_scale_given_by_its_name():
+    from gclab.notebook import live_configs
+
+    for chapter in ("06", "07"):  # 07 at a small scale runs nothing: [] before
+        with pytest.raises(TypeError, match=r"^live_configs scale='cpu' is invalid: a Scale "
+                           r"\(choose_scale\(\) or SCALE_TABLE\[name\]"):
+            live_configs(chapter, "cpu")
+    assert live_configs("07", SCALE_TABLE["cpu"]) == []
+
+
+@pytest.mark.parametrize("usable,error", [("8GiB", TypeError), (True, TypeError),
+                                          (0, ValueError), (-1.0, ValueError),
+                                          (float("inf"), ValueError)], ids=repr)
+def test_usable_bytes_are_a_positive_number(usable, error):
+    from gclab.config import TaskConfig
+    from gclab.notebook import guarded_grid, planned_and_measured, run_if_fits
+    from gclab.sizing import StepSpec
+
+    spec = StepSpec(SCALE_TABLE["cpu"].live, TaskConfig.from_levels(13))
+    for name, call in (("run_if_fits", lambda: run_if_fits(spec, usable=usable)),
+                       ("guarded_grid", lambda: guarded_grid([], usable=usable)),
+                       ("planned_and_measured",
+                        lambda: planned_and_measured({"x": spec}, usable=usable))):
+        with pytest.raises(error) as e:
+            call()
+        assert str(e.value).startswith(f"{name} usable={usable!r} is invalid: a finite "
+                                       "number of bytes > 0"), str(e.value)

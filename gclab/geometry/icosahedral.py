@@ -25,6 +25,8 @@ import dataclasses
 
 import numpy as np
 
+from gclab.config import require_count
+
 _PHI = (1.0 + np.sqrt(5.0)) / 2.0
 
 # Level-0 faces, counter-clockwise seen from outside, in the official order.
@@ -186,18 +188,20 @@ def multimesh(splits: int) -> Multimesh:
 
     Returns:
       The multimesh (finest vertices, faces of all levels, directed edges).
+
+    Raises:
+      ValueError: `splits` not an integer >= 0 (Python or numpy, not a bool).
     """
-    if isinstance(splits, bool) or not isinstance(splits, (int, np.integer)) or splits < 0:
-        raise ValueError(f"splits={splits!r} is invalid: an integer >= 0.")
+    splits = require_count("splits", splits, 0)
     vertices, faces = icosahedron()
     levels = [faces]
-    for _ in range(int(splits)):
+    for _ in range(splits):
         vertices, faces = split_once(vertices, faces)
         levels.append(faces)
     all_faces = np.concatenate(levels, axis=0)  # [sum Fk, 3]
     senders, receivers = faces_to_edges(all_faces)
     return Multimesh(
-        splits=int(splits),
+        splits=splits,
         vertices=vertices.astype(np.float64),
         faces_per_level=levels,
         senders=senders,

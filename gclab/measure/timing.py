@@ -10,6 +10,8 @@ import statistics
 import time
 from typing import Callable
 
+from gclab.config import is_number, require_count
+
 
 def median_seconds(fn: Callable[[], object], repeats: int = 3, warmup: int = 1, *,
                    long_seconds: float | None = None) -> float:
@@ -24,15 +26,12 @@ def median_seconds(fn: Callable[[], object], repeats: int = 3, warmup: int = 1, 
         a step that slow is not run again only to be thrown away.
 
     Raises:
-      ValueError: `repeats` < 1, `warmup` < 0, or `long_seconds` not a number > 0.
+      ValueError: `repeats` not an integer >= 1 (Python or numpy, not a bool), `warmup`
+        not an integer >= 0, or `long_seconds` not a number > 0.
     """
-    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
-        raise ValueError(f"repeats={repeats!r} is invalid: an integer >= 1")
-    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
-        raise ValueError(f"warmup={warmup!r} is invalid: an integer >= 0")
-    if long_seconds is not None and (isinstance(long_seconds, bool)
-                                     or not isinstance(long_seconds, (int, float))
-                                     or not long_seconds > 0):
+    repeats = require_count("repeats", repeats, 1)
+    warmup = require_count("warmup", warmup, 0)
+    if long_seconds is not None and (not is_number(long_seconds) or not long_seconds > 0):
         raise ValueError(f"long_seconds={long_seconds!r} is invalid: a number of seconds > 0")
     times = []
     for _ in range(warmup):

@@ -45,7 +45,13 @@ def balanced_block(n: int, block: int) -> int:
 
 
 def shard_block(block: int, shards: int) -> int:
-    """The smallest multiple of `shards` that is >= `block` (a block splits evenly)."""
+    """The smallest multiple of `shards` that is >= `block` (a block splits evenly).
+
+    Raises:
+      ValueError: `block` or `shards` not an integer >= 1.
+    """
+    block = require_count("block", block, 1, "shard_block")
+    shards = require_count("shards", shards, 1, "shard_block")
     return -(-block // shards) * shards
 
 

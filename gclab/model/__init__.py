@@ -10,6 +10,7 @@
 
 from gclab.model.graphcast import (
     GraphInputs,
+    ParamMismatch,
     count_params,
     decoder,
     encoder,
@@ -18,6 +19,7 @@ from gclab.model.graphcast import (
     graph_inputs_from_arrays,
     graphcast_forward,
     make_network,
+    param_mismatches,
     param_shapes,
     processor,
 )
@@ -36,6 +38,7 @@ __all__ = [
     "Check", "Fixture", "FixtureError", "GraphInputs", "count_params", "decoder",
     "edge_messages", "encoder", "flat_to_nested", "from_official", "graph_input_shapes",
     "graph_inputs", "graph_inputs_from_arrays", "graphcast_forward", "layer_norm",
-    "load_fixture", "make_network", "mlp", "mlp_concat", "param_shapes", "processor", "project",
-    "run_checks", "ties_broken_differently", "to_official",
+    "load_fixture", "make_network", "mlp", "mlp_concat", "ParamMismatch", "param_mismatches",
+    "param_shapes", "processor", "project", "run_checks", "ties_broken_differently",
+    "to_official",
 ]

@@ -22,7 +22,7 @@ encoder with the first, the decoder with the last, each stage with its own remat
 from __future__ import annotations
 
 import functools
-from typing import Callable, NamedTuple, Optional
+from typing import Callable, Mapping, NamedTuple, Optional
 
 import haiku as hk
 import jax
@@ -701,8 +701,17 @@ def make_stage_network(model: ModelConfig, data_channels: int, output_channels: 
 
 
 def count_params(params) -> int:
-    """Number of scalars in a parameter tree."""
-    return int(sum(np.prod(a.shape) for a in jax.tree_util.tree_leaves(params)))
+    """Number of scalars in a parameter tree.
+
+    Raises:
+      TypeError: a leaf of `params` is not an array (`params` itself, where it is no tree).
+    """
+    leaves = jax.tree_util.tree_leaves(params)
+    for leaf in leaves:
+        if not hasattr(leaf, "shape"):
+            raise TypeError(f"params is invalid: a tree of arrays (it has a leaf of type "
+                            f"{type(leaf).__name__})")
+    return int(sum(np.prod(a.shape) for a in leaves))
 
 
 def param_shapes(model: ModelConfig, data_channels: int, output_channels: int):
@@ -712,3 +721,68 @@ def param_shapes(model: ModelConfig, data_channels: int, output_channels: int):
     graph = graph_input_shapes(ng, nm, 1, 1)
     inputs = jax.ShapeDtypeStruct((ng, 1, data_channels), jnp.float32)
     return jax.eval_shape(net.init, jax.random.PRNGKey(0), graph, inputs)
+
+
+class ParamMismatch(NamedTuple):
+    """One way a parameter tree differs from the tree a model expects.
+
+    Attributes:
+      module: the module path.
+      name: the parameter name; None where the whole module is missing or unknown.
+      shape: the given leaf's shape; None where it is missing (or has no shape) and for a
+        whole module.
+      expected: the model's shape; None where the model has no such parameter, and for a
+        whole module.
+      unknown: the model has no such parameter or module (the given tree has one more);
+        otherwise the given tree lacks it or has it in another shape.
+    """
+
+    module: str
+    name: Optional[str]
+    shape: Optional[tuple]
+    expected: Optional[tuple]
+    unknown: bool
+
+
+def param_mismatches(params: Mapping, expected: Mapping) -> list[ParamMismatch]:
+    """Every difference between two `{module: {name: array}}` trees, none if they match.
+
+    Shapes are compared, not values or dtypes, so `expected` may be `param_shapes`' tree
+    (or any tree whose leaves have a `shape`). A module that is not a mapping counts as
+    one without parameters; a leaf without a `shape` counts as missing.
+
+    Args:
+      params: the tree to check.
+      expected: the model's tree.
+
+    Returns:
+      First every parameter (or module) of `params` that `expected` lacks, in `params`'
+      order; then every one of `expected` that `params` lacks or has in another shape, in
+      `expected`'s order. A module missing on one side is one entry (`name` None).
+    """
+    def leaves(tree: Mapping, module: str) -> Mapping:
+        value = tree[module]
+        return value if isinstance(value, Mapping) else {}
+
+    def shape(leaf) -> Optional[tuple]:
+        s = getattr(leaf, "shape", None)
+        return None if s is None else tuple(s)
+
+    unknown, differing = [], []
+    for module in params:
+        if module not in expected:
+            unknown.append(ParamMismatch(module, None, None, None, True))
+            continue
+        want = leaves(expected, module)
+        unknown += [ParamMismatch(module, name, shape(leaf), None, True)
+                    for name, leaf in leaves(params, module).items() if name not in want]
+    for module in expected:
+        if module not in params:
+            differing.append(ParamMismatch(module, None, None, None, False))
+            continue
+        given = leaves(params, module)
+        for name, leaf in leaves(expected, module).items():
+            got, want = shape(given.get(name)), shape(leaf)
+            if got != want:
+                differing.append(ParamMismatch(module, name, got, want, False))
+    return unknown + differing

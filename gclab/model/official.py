@@ -72,15 +72,43 @@ def from_official(official: Mapping[str, Mapping[str, np.ndarray]]) -> dict:
 
 
 def to_official(params: Mapping[str, Mapping[str, np.ndarray]]) -> dict:
-    """Inverse of `from_official`: unstacks the processor steps, restores official paths."""
+    """Inverse of `from_official`: unstacks the processor steps, restores official paths.
+
+    Args:
+      params: gclab's `{module_path: {param_name: array}}`.
+
+    Returns:
+      The official `{module_path: {param_name: array}}`.
+
+    Raises:
+      TypeError: `params` or one of its modules is not a mapping.
+      ValueError: a module path that is not gclab's (another model's, or already an
+        official one), or a processor module without parameters or whose parameters lack
+        a common leading step axis.
+    """
+    if not isinstance(params, Mapping):
+        raise TypeError(f"params is invalid: a {{module: {{name: array}}}} mapping, not a "
+                        f"{type(params).__name__}")
     out: dict = {}
     for module, leaves in params.items():
+        if not isinstance(module, str) or not module.startswith(_GNNS) or BUILDER in module:
+            raise ValueError(f"params is invalid: {module!r} is not a module path of gclab's "
+                             f"GraphCast tree (grid2mesh_gnn/..., mesh_gnn/... or "
+                             f"mesh2grid_gnn/..., without {BUILDER!r})")
+        if not isinstance(leaves, Mapping):
+            raise TypeError(f"params is invalid: {module} is a {type(leaves).__name__}, not a "
+                            f"{{name: array}} mapping")
         m = re.match(r"^mesh_gnn/processor_(edges|nodes)_(mesh|mesh_nodes)_(mlp|layer_norm)"
                      r"(/~/linear_\d+)?$", module)
         gnn, rest = module.split("/", 1)
         if m:
             kind, nodes, part, layer = m.groups()
-            n = next(iter(leaves.values())).shape[0]
+            steps = {np.shape(v)[0] if np.ndim(v) else None for v in leaves.values()}
+            if len(steps) != 1 or None in steps:
+                raise ValueError(f"params is invalid: {module} is stacked over the processor "
+                                 f"steps: its parameters need one leading step axis, got "
+                                 f"shapes {[np.shape(v) for v in leaves.values()]}")
+            n = steps.pop()
             for i in range(n):
                 path = f"{gnn}/{BUILDER}processor_{kind}_{i}_{nodes}_{part}{layer or ''}"
                 out[path] = {k: np.asarray(v)[i] for k, v in leaves.items()}

@@ -22,12 +22,20 @@ change how each device evaluates its share, the layout which share it evaluates.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 from typing import Optional
 
 import numpy as np
 
-from gclab.config import ConfigError, invalid, is_int
+from gclab.config import (
+    MAX_INT32,
+    ConfigError,
+    invalid,
+    is_int,
+    normalise_numbers,
+    require_count,
+)
 
 # The device mesh's axis names, outermost first (`data` is the slowest-varying axis, so on
 # several hosts a host's devices share a data slice and split space among themselves).
@@ -70,6 +78,9 @@ class ParallelConfig:
         1/D of their memory per device, a reduce-scatter and an all-gather per GNN step) or
         `"replicated"` (whole on every device: an all-reduce per step, no gather traffic,
         every device holds every mesh-node latent).
+
+    The four sizes are at most `MAX_INT32`; numpy integers are accepted and stored as
+    Python ints.
     """
 
     data: int = 1
@@ -81,10 +92,12 @@ class ParallelConfig:
     stage_remat: Optional[tuple] = None
 
     def __post_init__(self) -> None:
-        for field in ("data", "spatial", "pipeline", "microbatches"):
+        sizes = ("data", "spatial", "pipeline", "microbatches")
+        for field in sizes:
             v = getattr(self, field)
-            if not is_int(v) or v < 1:
-                invalid(self, field, "an integer >= 1")
+            if not is_int(v) or not 1 <= v <= MAX_INT32:
+                invalid(self, field, f"an integer >= 1 (and <= {MAX_INT32})")
+        normalise_numbers(self, sizes)
         if self.mesh_nodes not in MESH_NODES:
             invalid(self, "mesh_nodes", "one of " + ", ".join(MESH_NODES))
         for field, least in (("stage_steps", 1), ("stage_remat", 0)):
@@ -232,11 +245,13 @@ def spec_error(spec: str, error: ConfigError) -> str:
 
 
 def layouts(devices: int) -> list[ParallelConfig]:
-    """Every data x spatial layout of `devices` devices (pipeline 1), data-heaviest first."""
-    if not is_int(devices) or devices < 1:
-        raise ValueError(f"devices={devices!r} is invalid: an integer >= 1.")
-    return [ParallelConfig(data=d, spatial=devices // d)
-            for d in range(devices, 0, -1) if devices % d == 0]
+    """Every data x spatial layout of `devices` devices (pipeline 1), data-heaviest first.
+
+    Raises:
+      ValueError: `devices` not an integer >= 1.
+    """
+    devices = require_count("devices", devices, 1)
+    return [ParallelConfig(data=d, spatial=devices // d) for d in _divisors(devices)[::-1]]
 
 
 def pipeline_layouts(devices: int, steps: int) -> list[ParallelConfig]:
@@ -244,8 +259,18 @@ def pipeline_layouts(devices: int, steps: int) -> list[ParallelConfig]:
 
     Stage steps and remat are left to the pipeline planner
     (`gclab.sizing.pipeline_plan`); data-heaviest first.
+
+    Raises:
+      ValueError: `devices` or `steps` not an integer >= 1.
     """
-    if not is_int(devices) or devices < 1:
-        raise ValueError(f"devices={devices!r} is invalid: an integer >= 1.")
+    devices = require_count("devices", devices, 1)
+    steps = require_count("steps", steps, 1)
     return [ParallelConfig(data=devices // p, pipeline=p)
-            for p in range(2, min(devices, steps) + 1) if devices % p == 0]
+            for p in _divisors(devices) if 2 <= p <= steps]
+
+
+def _divisors(n: int) -> list[int]:
+    """The divisors of `n`, ascending. In pairs up to the square root: a count of a
+    billion devices is answered at once, not after a billion divisions."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted({*small, *(n // d for d in small)})

@@ -101,8 +101,9 @@ def initialize_processes(coordinator: Optional[str] = None,
     if num_processes < 1 or not 0 <= process_id < num_processes:
         raise ValueError(f"process id {process_id} is invalid: an integer in "
                          f"0..{num_processes - 1}")
-    if isinstance(timeout, bool) or not isinstance(timeout, int) or timeout < 1:
+    # A hand check rather than `require_count`, to keep the unit in the message.
+    if not is_int(timeout) or timeout < 1:
         raise ValueError(f"timeout={timeout!r} is invalid: an integer >= 1 (seconds)")
     jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes,
-                               process_id=process_id, initialization_timeout=timeout)
+                               process_id=process_id, initialization_timeout=int(timeout))
     return num_processes > 1

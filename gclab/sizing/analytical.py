@@ -187,7 +187,13 @@ def param_count(model: ModelConfig, task: TaskConfig) -> int:
     mesh edge embedder (4 -> L) and S x (edge MLP 3L -> L, node MLP 2L -> L). Decoder:
     mesh2grid edge embedder, edge MLP (3L), grid-node MLP (2L), the unused mesh-node MLP
     (L) and the output MLP (L -> O, no LayerNorm). Every MLP has H hidden layers of L.
+
+    Raises:
+      TypeError: `model` is not a `ModelConfig` or `task` not a `TaskConfig`.
     """
+    for name, value, kind in (("model", model, ModelConfig), ("task", task, TaskConfig)):
+        if not isinstance(value, kind):
+            raise TypeError(f"param_count {name}={value!r} is invalid: a {kind.__name__}")
     L, H, S = model.latent_size, model.hidden_layers, model.processor_steps
     F, O, e = task.input_channels, task.output_channels, STRUCTURAL_EDGE_FEATURES
 

@@ -20,6 +20,7 @@ Shapes: B batch, L latent, S steps.
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import math
 import os
@@ -34,7 +35,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 import gclab
-from gclab.config import ModelConfig, TaskConfig, is_int, is_number
+from gclab.config import ModelConfig, TaskConfig, is_int, is_number, require_count
 from gclab.files import CacheWarning, atomic_path, check_writable_folder, write_text_atomic
 from gclab.measure.peak import measure_peak
 from gclab.measure.timing import median_seconds
@@ -245,8 +246,7 @@ def sweep(specs: Sequence[StepSpec], *, measure: str = "compiled",
                              f"{type(spec).__name__}")
     if not is_number(timeout) or not 0 < timeout < math.inf:
         raise ValueError(f"timeout={timeout!r} is invalid: a finite number of seconds > 0")
-    if not is_int(repeats) or repeats < 1:
-        raise ValueError(f"repeats={repeats!r} is invalid: an integer >= 1")
+    repeats = require_count("repeats", repeats, 1)
     folder = Path(cache_path) if cache_path is not None else None
     if folder is not None:
         if folder.exists() and not folder.is_dir():
@@ -298,6 +298,28 @@ def save_sweep(df: pd.DataFrame, path: Union[str, os.PathLike]) -> Path:
 
 
 def load_sweep(path: Union[str, os.PathLike]) -> pd.DataFrame:
-    """Reads a sweep written by `save_sweep`."""
+    """Reads a sweep written by `save_sweep`: CSV (`.csv`) or JSON records (any other name).
+
+    Raises:
+      FileNotFoundError: no file at `path`.
+      ValueError: a file that is not a CSV table (`.csv`) or not a JSON list of row
+        objects (any other name), naming the file.
+    """
     path = Path(path)
-    return pd.read_csv(path) if path.suffix == ".csv" else pd.read_json(path, orient="records")
+    if path.suffix.lower() == ".csv":
+        try:
+            return pd.read_csv(path)
+        except ValueError as e:  # pandas' parser and empty-file errors, a binary file's decoding
+            raise ValueError(f"load_sweep {path}: not a CSV table ({e})") from None
+    raw = path.read_bytes()
+    try:
+        rows = json.loads(raw)
+    except ValueError as e:  # a JSONDecodeError or a binary file's UnicodeDecodeError
+        raise ValueError(f"load_sweep {path}: not JSON ({e}); a sweep is a JSON list of row "
+                         "objects (save_sweep) or a .csv file") from None
+    if not isinstance(rows, list) or not all(isinstance(row, dict) for row in rows):
+        what = "a list of other things than objects" if isinstance(rows, list) else "not a list"
+        raise ValueError(f"load_sweep {path}: JSON of the wrong shape ({what}); a sweep is a "
+                         "JSON list of row objects (save_sweep)")
+    # pandas reads the same text, so columns get the types save_sweep's reader always gave
+    return pd.read_json(io.BytesIO(raw), orient="records")

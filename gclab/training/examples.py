@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gclab.config import NUM_FORCINGS, TaskConfig
+from gclab.config import NUM_FORCINGS, TaskConfig, require_count
 
 
 class Example(NamedTuple):
@@ -44,7 +44,17 @@ def input_variable_channels(task: TaskConfig) -> np.ndarray:
 
 def example_shapes(task: TaskConfig, num_grid_nodes: int, batch: int,
                    rollout: int) -> Example:
-    """An `Example` of `jax.ShapeDtypeStruct`s (for compiling from shapes alone)."""
+    """An `Example` of `jax.ShapeDtypeStruct`s (for compiling from shapes alone).
+
+    Raises:
+      TypeError: `task` is not a `TaskConfig`.
+      ValueError: a size that is not an integer >= 1.
+    """
+    if not isinstance(task, TaskConfig):
+        raise TypeError(f"example_shapes task={task!r} is invalid: a TaskConfig")
+    num_grid_nodes, batch, rollout = (
+        require_count(name, value, 1, "example_shapes") for name, value in
+        (("num_grid_nodes", num_grid_nodes), ("batch", batch), ("rollout", rollout)))
     sds, f32 = jax.ShapeDtypeStruct, jnp.float32
     return Example(sds((num_grid_nodes, batch, task.data_channels), f32),
                    sds((rollout, num_grid_nodes, batch, task.output_channels), f32),

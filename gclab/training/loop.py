@@ -31,7 +31,7 @@ import orbax.checkpoint as ocp
 from gclab.config import ModelConfig, TaskConfig, require_count
 from gclab.geometry.graphs import graphs_for
 from gclab.memory.config import MemoryConfig
-from gclab.model.graphcast import graph_inputs, make_network, param_shapes
+from gclab.model.graphcast import graph_inputs, make_network, param_mismatches, param_shapes
 from gclab.parallel.config import ParallelConfig
 from gclab.parallel.sharding import make_mesh
 from gclab.training.data import SAMPLE_SPACING, SyntheticWeather
@@ -111,21 +111,21 @@ def check_init_params(params, model: ModelConfig, task: TaskConfig) -> None:
     if not isinstance(params, Mapping):
         raise TypeError(f"init_params is invalid: a {{module: {{name: array}}}} mapping, "
                         f"not a {type(params).__name__}")
+    mismatches = param_mismatches(params, want)
+    if not mismatches:
+        return
+    # The first in module, then parameter, order: a whole module before its parameters.
+    first = min(mismatches, key=lambda m: (m.module, m.name is not None, m.name or ""))
     prefix = (f"init_params is invalid for {model.latent_size} x {model.processor_steps}, "
               f"{task.output_channels} output channels: ")
-    for module in sorted(set(want) | set(params)):
-        if module not in params or module not in want:
-            where = "missing" if module not in params else "not a parameter of this model"
-            raise ValueError(f"{prefix}module {module!r} {where}")
-        given = params[module] if isinstance(params[module], Mapping) else {}
-        for name in sorted(set(want[module]) | set(given)):
-            shape, expected = getattr(given.get(name), "shape", None), want[module].get(name)
-            if shape is None or expected is None or tuple(shape) != expected.shape:
-                raise ValueError(
-                    f"{prefix}{module}/{name} is "
-                    + ("missing" if shape is None else f"of shape {tuple(shape)}")
-                    + (f", the model's is {expected.shape}" if expected is not None
-                       else ", not a parameter of this model"))
+    if first.name is None:
+        where = "not a parameter of this model" if first.unknown else "missing"
+        raise ValueError(f"{prefix}module {first.module!r} {where}")
+    raise ValueError(
+        f"{prefix}{first.module}/{first.name} is "
+        + ("missing" if first.shape is None else f"of shape {first.shape}")
+        + (", not a parameter of this model" if first.unknown
+           else f", the model's is {first.expected}"))
 
 
 def schedule(steps: int, peak_learning_rate: float = 1e-3) -> TrainConfig:

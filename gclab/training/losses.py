@@ -67,8 +67,18 @@ def latitude_weights(grid_lat) -> np.ndarray:
     return (w / w.mean()).astype(np.float32)
 
 
+def _require_task(task: TaskConfig) -> None:
+    if not isinstance(task, TaskConfig):
+        raise TypeError(f"task={task!r} is invalid: a TaskConfig")
+
+
 def level_weights(task: TaskConfig) -> np.ndarray:
-    """Pressure-level weights [levels]: level / mean level (mean 1)."""
+    """Pressure-level weights [levels]: level / mean level (mean 1).
+
+    Raises:
+      TypeError: `task` is not a `TaskConfig`.
+    """
+    _require_task(task)
     levels = np.asarray(task.pressure_levels, np.float64)
     return (levels / levels.mean()).astype(np.float32)
 
@@ -84,7 +94,11 @@ def channel_weights(task: TaskConfig) -> np.ndarray:
     Surface channel: its variable weight. Atmospheric channel (v, p): variable weight x
     level weight / number of levels, so that summing channels is the official sum over
     variables of per-variable means over levels.
+
+    Raises:
+      TypeError: `task` is not a `TaskConfig`.
     """
+    _require_task(task)
     per_level = level_weights(task).astype(np.float64) / task.num_levels  # [levels]
     w = [variable_weight(v) for v in SURFACE_VARIABLES]
     for var in ATMOSPHERIC_VARIABLES:
@@ -104,8 +118,12 @@ def loss_weights(task: TaskConfig, grid_lat, n_lon: int) -> tuple[np.ndarray, np
       task: gives the channel layout and pressure levels.
       grid_lat: [n_lat] grid latitudes (degrees); grid nodes are latitude-major.
       n_lon: longitudes per latitude row.
+
+    Raises:
+      TypeError: `task` is not a `TaskConfig`.
     """
-    return node_weights(grid_lat, n_lon), channel_weights(task)
+    channels = channel_weights(task)  # the first argument's refusal first
+    return node_weights(grid_lat, n_lon), channels
 
 
 def weighted_mse(prediction: jax.Array, target: jax.Array, weights: tuple) -> jax.Array:

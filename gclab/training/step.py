@@ -93,7 +93,12 @@ def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformation:
 
     The learning rate rises linearly to `peak_learning_rate` over `warmup_steps`, then
     follows a cosine down to `end_learning_rate` at `total_steps`.
+
+    Raises:
+      TypeError: `cfg` is not a `TrainConfig`.
     """
+    if not isinstance(cfg, TrainConfig):
+        raise TypeError(f"cfg={cfg!r} is invalid: a TrainConfig")
     schedule = optax.warmup_cosine_decay_schedule(
         0.0, cfg.peak_learning_rate, cfg.warmup_steps, cfg.total_steps, cfg.end_learning_rate)
     adamw = optax.adamw(schedule, b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay)

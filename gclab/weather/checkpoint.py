@@ -38,7 +38,7 @@ from gclab.config import (
 )
 from gclab.files import atomic_path
 from gclab.limits import TooLarge
-from gclab.model.graphcast import param_shapes
+from gclab.model.graphcast import param_mismatches, param_shapes
 from gclab.model.official import from_official, to_official
 from gclab.model.reference import NPZ_ERRORS, is_npz, read_npz
 
@@ -297,30 +297,38 @@ def check_params(params: Mapping, model: ModelConfig, task: TaskConfig,
     # Zero-stride stand-ins: `to_official` unstacks them without allocating anything.
     stand_ins = {m: {n: np.broadcast_to(np.int8(0), v.shape) for n, v in leaves.items()}
                  for m, leaves in shapes.items()}
-    expected = {f"params{SEP}{m}{SEP}{n}": v.shape
-                for m, leaves in to_official(stand_ins).items() for n, v in leaves.items()}
-    got = {f"params{SEP}{m}{SEP}{n}": np.shape(v)
-           for m, leaves in to_official(params).items() for n, v in leaves.items()}
-    for key in got:
-        if key not in expected:
-            raise CheckpointError(f"{path}: unknown key {key!r}: not a parameter of this "
-                                  f"model_config and task_config")
-    for key, shape in expected.items():
-        if key not in got:
-            raise CheckpointError(f"{path}: missing key {key!r}")
-        if got[key] != shape:
-            raise CheckpointError(f"{path}: {key} has shape {got[key]}, this model_config "
-                                  f"and task_config need {shape}")
+    expected = to_official(stand_ins)
+    # Compared key by key, as the file stores them: a module without parameters has no key.
+    got = {m: leaves for m, leaves in to_official(params).items() if leaves}
+    mismatches = param_mismatches(got, expected)
+    if not mismatches:
+        return
+    first = mismatches[0]  # an unknown key before a missing or misshapen one
+    # A whole module unknown or missing: named by its first key.
+    name = first.name if first.name is not None else next(
+        iter(got[first.module] if first.unknown else expected[first.module]))
+    key = f"params{SEP}{first.module}{SEP}{name}"
+    if first.unknown:
+        raise CheckpointError(f"{path}: unknown key {key!r}: not a parameter of this "
+                              f"model_config and task_config")
+    if first.shape is None:
+        raise CheckpointError(f"{path}: missing key {key!r}")
+    raise CheckpointError(f"{path}: {key} has shape {first.shape}, this model_config "
+                          f"and task_config need {first.expected}")
 
 
 def read_flat(path: PathLike) -> dict:
     """The `{key: array}` dict of an `.npz` file, read without pickle.
 
     Raises:
+      TypeError: `path` is not a str, bytes or `os.PathLike` (an integer too: `os` would
+        take it for an open file descriptor).
       CheckpointError: the file is missing, a folder, unreadable, not a zip archive,
         damaged or truncated (a damaged `.npy` header or deflate stream included: the
         message names the member), needs pickle, or would not fit in memory.
     """
+    if not isinstance(path, (str, bytes, os.PathLike)):
+        raise TypeError(f"path={path!r} is invalid: a str or os.PathLike (an .npz file)")
     if os.path.isdir(path):
         raise CheckpointError(f"{path}: not a checkpoint (a folder, not an .npz file)")
     try:
@@ -346,6 +354,7 @@ def read_checkpoint(path: PathLike) -> Checkpoint:
     """Reads a published (or gclab-written) GraphCast checkpoint.
 
     Raises:
+      TypeError: `path` is not a str, bytes or `os.PathLike`.
       CheckpointError: the file is missing, not an `.npz`, or has a missing, unknown or
         malformed key, or a parameter that is not floating point or not finite (the
         message names it).

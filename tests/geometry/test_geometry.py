@@ -100,10 +100,16 @@ def test_mesh_levels_nested_and_counter_clockwise():
     assert centroids[:, 2].max() == pytest.approx(1.0, abs=1e-6)
 
 
-def test_bad_splits_rejected():
-    for bad in (-1, 1.5, True):
-        with pytest.raises(ValueError):
-            icosahedral.multimesh(bad)
+@pytest.mark.parametrize("bad", [-1, 1.5, 2.0, True, np.int64(-1)], ids=repr)
+def test_bad_splits_rejected(bad):
+    with pytest.raises(ValueError) as e:
+        icosahedral.multimesh(bad)
+    assert str(e.value) == f"splits={bad!r} is invalid: an integer >= 0"
+
+
+def test_numpy_splits_are_stored_as_an_int():
+    mesh = icosahedral.multimesh(np.int64(1))
+    assert type(mesh.splits) is int and mesh.splits == 1
 
 
 # ----------------------------------------------------------------------------- fixtures

@@ -64,3 +64,19 @@ def test_on_a_gpu_each_config_that_fits_is_measured_in_a_fresh_process(monkeypat
     assert pd.isna(df.loc["too big", "measured_peak_bytes"])
     assert df.loc["too big", "measured"].startswith("not run: needs")
     assert "does not fit this card" in df.loc["too big", "measured"]
+
+
+@pytest.mark.parametrize("configs,kwargs,error,words", [
+    ([], {}, TypeError, "planned_and_measured configs is a list: it must be a {label: StepSpec}"
+     " mapping"),
+    (list(SPECS.values()), {}, TypeError, "configs is a list"),
+    ({}, {}, ValueError, "planned_and_measured configs is empty: nothing to plan"),
+    ({"f32": "f32"}, {}, TypeError, "configs['f32'] is a str: each value must be a StepSpec"),
+    (SPECS, {"repeats": 0}, ValueError, "planned_and_measured repeats=0 is invalid: an integer "
+     ">= 1"),
+], ids=["empty list", "list", "empty dict", "not a StepSpec", "repeats 0"])
+def test_bad_configs_are_named_before_any_compile(configs, kwargs, error, words, monkeypatch):
+    monkeypatch.setattr("gclab.sizing.train_step_memory", lambda spec: pytest.fail("compiled"))
+    with pytest.raises(error) as e:
+        planned_and_measured(configs, **kwargs)
+    assert words in str(e.value), str(e.value)

@@ -3,6 +3,7 @@
 import time
 
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 from gclab.measure import median_seconds, op_by_op_bytes
@@ -51,3 +52,23 @@ def test_op_by_op_bytes_counts_outputs_and_frees_after_last_use():
 def test_median_seconds_refuses_bad_counts(kwargs):
     with pytest.raises(ValueError, match=next(iter(kwargs))):
         median_seconds(lambda: None, **kwargs)
+
+
+@pytest.mark.parametrize("kwargs,words", [
+    ({"repeats": True}, "repeats=True is invalid: an integer >= 1"),
+    ({"repeats": 2.0}, "repeats=2.0 is invalid: an integer >= 1"),
+    ({"repeats": np.int64(0)}, "repeats=np.int64(0) is invalid: an integer >= 1"),
+    ({"warmup": True}, "warmup=True is invalid: an integer >= 0"),
+    ({"warmup": 1.0}, "warmup=1.0 is invalid: an integer >= 0"),
+], ids=repr)
+def test_median_seconds_counts_are_integers_not_bools_or_floats(kwargs, words):
+    with pytest.raises(ValueError) as e:
+        median_seconds(lambda: None, **kwargs)
+    assert str(e.value) == words
+
+
+def test_median_seconds_takes_numpy_numbers():
+    calls = []
+    median_seconds(lambda: calls.append(1), repeats=np.int64(2), warmup=np.int32(1),
+                   long_seconds=np.float32(10.0))
+    assert len(calls) == 3  # one warm-up call, two timed

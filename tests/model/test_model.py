@@ -8,7 +8,14 @@ import pytest
 
 from gclab.config import PRESETS, ModelConfig, TaskConfig, get_preset
 from gclab.geometry import build_graphs
-from gclab.model import count_params, graph_inputs, make_network, param_shapes
+from gclab.model import (
+    ParamMismatch,
+    count_params,
+    graph_inputs,
+    make_network,
+    param_mismatches,
+    param_shapes,
+)
 from gclab.model import official as params_lib
 
 # Official parameter counts (GRAPHCAST.md, "Parameter tree and counts").
@@ -158,3 +165,54 @@ def test_task_config_errors():
         TaskConfig.from_levels(12)
     with pytest.raises(ValueError, match="pressure_levels"):
         TaskConfig(pressure_levels=())
+
+
+def test_param_mismatches_lists_unknown_then_missing_or_misshapen():
+    expected = {"a": {"w": np.zeros((2, 3)), "b": np.zeros(3)}, "c": {"w": np.zeros(1)}}
+    assert param_mismatches({"a": {"b": np.ones(3), "w": np.ones((2, 3))},
+                             "c": {"w": np.ones(1)}}, expected) == []
+    given = {"z": {}, "a": {"w": np.zeros((3, 3)), "x": np.zeros(1), "b": [0.0]}}
+    assert param_mismatches(given, expected) == [
+        ParamMismatch("z", None, None, None, True),  # a module the model lacks
+        ParamMismatch("a", "x", (1,), None, True),
+        ParamMismatch("a", "w", (3, 3), (2, 3), False),
+        ParamMismatch("a", "b", None, (3,), False),  # a leaf without a shape is missing
+        ParamMismatch("c", None, None, None, False),  # a module the tree lacks
+    ]
+    # A module that is not a mapping has no parameters.
+    assert param_mismatches({"a": 3, "c": expected["c"]}, expected) == [
+        ParamMismatch("a", "w", None, (2, 3), False), ParamMismatch("a", "b", None, (3,), False)]
+
+
+def test_count_params_names_a_tree_of_the_wrong_kind():
+    # Each was an AttributeError ('str' object has no attribute 'shape').
+    for bad, kind in (("params", "str"), ({"a": {"w": [1.0, 2.0]}}, "float")):
+        with pytest.raises(TypeError, match=fr"^params is invalid: a tree of arrays \(it has "
+                                            fr"a leaf of type {kind}\)$"):
+            count_params(bad)
+    assert count_params({"a": {"w": np.zeros((2, 3)), "b": np.zeros(3)}}) == 9
+
+
+def test_to_official_names_a_tree_that_is_not_gclabs():
+    # {'a': ...} was "ValueError: not enough values to unpack", an official path was
+    # converted again (its '~_networks_builder/' doubled), an empty processor module a
+    # StopIteration, a 0-d one an IndexError, a module that is no mapping an AttributeError.
+    official = "mesh_gnn/~_networks_builder/processor_edges_0_mesh_mlp/~/linear_0"
+    for module in ("a", official):
+        with pytest.raises(ValueError, match=f"^params is invalid: '{module}' is not a module "
+                                             "path of gclab's GraphCast tree"):
+            params_lib.to_official({module: {"w": np.zeros(2)}})
+    stacked = "mesh_gnn/processor_edges_mesh_mlp/~/linear_0"
+    for leaves, shapes in (({}, r"\[\]"), ({"w": np.zeros(())}, r"\[\(\)\]"),
+                           ({"w": np.zeros((2, 3)), "b": np.zeros(1)}, r"\[\(2, 3\), \(1,\)\]")):
+        with pytest.raises(ValueError, match=f"^params is invalid: {stacked} is stacked over "
+                                             f"the processor steps: .* got shapes {shapes}$"):
+            params_lib.to_official({stacked: leaves})
+    with pytest.raises(TypeError, match="^params is invalid: a {module: {name: array}} "
+                                        "mapping, not a str$"):
+        params_lib.to_official("params")
+    with pytest.raises(TypeError, match="^params is invalid: grid2mesh_gnn/x is a int, not a "
+                                        r"{name: array} mapping$"):
+        params_lib.to_official({"grid2mesh_gnn/x": 3})
+    both = params_lib.to_official({stacked: {"w": np.zeros((2, 3)), "b": np.zeros((2, 1))}})
+    assert sorted(both) == [official, official.replace("_0_", "_1_")]

@@ -6,9 +6,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from gclab.config import MAX_INT32
 from gclab.measure.collectives import collective_bytes
 from gclab.memory.blocks import merge_blocks, shard_block, split_blocks
-from gclab.parallel import ParallelConfig, layouts, parse_parallel_spec
+from gclab.parallel import ParallelConfig, layouts, parse_parallel_spec, pipeline_layouts
 
 
 def test_default_layout_is_one_device():
@@ -51,6 +52,20 @@ def test_malformed_spec_lists_what_is_accepted(spec):
 def test_invalid_sizes_name_the_field(field, value):
     with pytest.raises(ValueError, match=rf"ParallelConfig\.{field}="):
         ParallelConfig(**{field: value})
+
+
+@pytest.mark.parametrize("field", ["data", "spatial", "pipeline", "microbatches"])
+def test_sizes_are_capped_at_int32_and_numpy_sizes_stored_as_ints(field):
+    changes = {field: 2**40}
+    if field == "microbatches":
+        changes["pipeline"] = 2
+    with pytest.raises(ValueError) as e:
+        ParallelConfig(**changes)
+    assert str(e.value) == (f"ParallelConfig.{field}={2**40} is invalid: an integer >= 1 "
+                            f"(and <= {MAX_INT32}).")
+    assert getattr(ParallelConfig(**{**changes, field: MAX_INT32}), field) == MAX_INT32
+    kept = ParallelConfig(**{**changes, field: np.int64(2)})
+    assert type(getattr(kept, field)) is int and kept == ParallelConfig(**{**changes, field: 2})
 
 
 def test_pipeline_spec_round_trips_and_splits_steps():
@@ -98,6 +113,47 @@ def test_pipeline_batch_must_split_into_data_and_micro_batches():
 def test_layouts_of_eight_devices():
     assert [p.spec for p in layouts(8)] == ["data:8,spatial:1", "data:4,spatial:2",
                                             "data:2,spatial:4", "data:1,spatial:8"]
+    assert layouts(np.int64(8)) == layouts(8)
+    assert [p.spec for p in pipeline_layouts(np.int64(4), np.int32(4))] == [
+        "data:2,spatial:1,pipeline:2", "data:1,spatial:1,pipeline:4"]
+
+
+def test_layouts_of_many_devices_are_every_divisor_pair():
+    # Found by divisor pairs up to the square root: a billion devices took minutes of
+    # divisions one by one. 2**30 has 31 divisors; a prime two.
+    assert [p.data for p in layouts(2**30)] == [2**k for k in range(30, -1, -1)]
+    assert [p.spec for p in layouts(7)] == ["data:7,spatial:1", "data:1,spatial:7"]
+    assert [p.spec for p in layouts(36)][3:6] == ["data:9,spatial:4", "data:6,spatial:6",
+                                                   "data:4,spatial:9"]
+    assert [p.pipeline for p in pipeline_layouts(2**30, 16)] == [2, 4, 8, 16]
+    assert [p.pipeline for p in pipeline_layouts(12, 16)] == [2, 3, 4, 6, 12]
+
+
+BAD_COUNTS = [
+    ("layouts(0)", lambda: layouts(0), "devices=0 is invalid: an integer >= 1"),
+    ("layouts(True)", lambda: layouts(True), "devices=True is invalid: an integer >= 1"),
+    ("layouts(8.0)", lambda: layouts(8.0), "devices=8.0 is invalid: an integer >= 1"),
+    ("pipeline_layouts(True, 4)", lambda: pipeline_layouts(True, 4),
+     "devices=True is invalid: an integer >= 1"),
+    ("pipeline_layouts(4, 4.0)", lambda: pipeline_layouts(4, 4.0),
+     "steps=4.0 is invalid: an integer >= 1"),
+    ("pipeline_layouts(4, 0)", lambda: pipeline_layouts(4, 0),
+     "steps=0 is invalid: an integer >= 1"),
+    ("shard_block(8, 0)", lambda: shard_block(8, 0),
+     "shard_block shards=0 is invalid: an integer >= 1"),
+    ("shard_block(8, 2.0)", lambda: shard_block(8, 2.0),
+     "shard_block shards=2.0 is invalid: an integer >= 1"),
+    ("shard_block(0, 2)", lambda: shard_block(0, 2),
+     "shard_block block=0 is invalid: an integer >= 1"),
+]
+
+
+@pytest.mark.parametrize("call, words", [c[1:] for c in BAD_COUNTS],
+                         ids=[c[0] for c in BAD_COUNTS])
+def test_layout_and_block_counts_are_integers_not_bools_or_floats(call, words):
+    with pytest.raises(ValueError) as e:
+        call()
+    assert str(e.value) == words
 
 
 @pytest.mark.parametrize("n, block, shards", [(10, 4, 1), (10, 4, 2), (1860, 700, 8),

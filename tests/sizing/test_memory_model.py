@@ -213,3 +213,27 @@ def test_step_boundary_is_cheaper_than_step_internals():
     b, c = analytical.step_boundary_and_internals(model, counts)
     assert b == 4 * model.latent_size * (counts.mesh_edges + counts.mesh_nodes)
     assert c / b == analytical.EDGE_MLP_ARRAYS  # as many arrays per node as per edge
+
+
+@pytest.mark.parametrize("name", ["rows.json", "rows.csv", "rows.CSV", "rows"])
+def test_a_saved_sweep_reads_back_whatever_the_suffix_case(name, tmp_path):
+    import pandas as pd
+
+    df = pd.DataFrame([{"technique": "none", "temp_bytes": 10, "status": "ok"},
+                       {"technique": "lean", "temp_bytes": 4, "status": "oom"}])
+    back = sweep.load_sweep(sweep.save_sweep(df, tmp_path / name))
+    pd.testing.assert_frame_equal(back, df)
+
+
+@pytest.mark.parametrize("name,text,words", [
+    ("s.json", "", "s.json: not JSON (Expecting value"),
+    ("s.json", "[1, 2]", "s.json: JSON of the wrong shape (a list of other things than "
+     "objects); a sweep is a JSON list of row objects (save_sweep)"),
+    ("s.json", '{"technique": "none"}', "s.json: JSON of the wrong shape (not a list)"),
+    ("s.csv", "", "s.csv: not a CSV table (No columns to parse from file)"),
+], ids=["empty", "list of numbers", "object", "empty csv"])
+def test_a_file_that_is_no_sweep_is_named(name, text, words, tmp_path):
+    (tmp_path / name).write_text(text)
+    with pytest.raises(ValueError) as e:
+        sweep.load_sweep(tmp_path / name)
+    assert str(e.value).startswith(f"load_sweep {tmp_path / name}") and words in str(e.value)

@@ -3,12 +3,14 @@ in one error before any work (inside, each failed as an attribute error of a lat
 or as Haiku's shape error deep in the first step)."""
 
 import numpy as np
+import optax
 import pytest
 
 from gclab.config import ModelConfig, TaskConfig
 from gclab.model import param_shapes
-from gclab.training import loop
+from gclab.training import loop, losses
 from gclab.training.loop import check_init_params, train
+from gclab.training.step import TrainConfig, make_optimizer
 
 TASK = TaskConfig(pressure_levels=(500, 850))
 CFG = ModelConfig(resolution=30.0, mesh_splits=1, latent_size=8, processor_steps=1)
@@ -87,3 +89,23 @@ def test_a_parameter_the_model_lacks_is_named():
     params[module]["extra"] = np.zeros(3, np.float32)
     with pytest.raises(ValueError, match=f"{module}/extra is of shape \\(3,\\), not a parameter"):
         check_init_params(params, CFG, TASK)
+
+
+def test_the_loss_weights_name_a_task_of_the_wrong_kind():
+    # Each was an AttributeError ('str' object has no attribute 'pressure_levels').
+    grid_lat = np.linspace(-90.0, 90.0, 7)
+    for weights in (losses.level_weights, losses.channel_weights):
+        with pytest.raises(TypeError, match="^task='13' is invalid: a TaskConfig$"):
+            weights("13")
+    with pytest.raises(TypeError, match="^task=None is invalid: a TaskConfig$"):
+        losses.loss_weights(None, grid_lat, 4)
+    node_w, chan_w = losses.loss_weights(TASK, grid_lat, 4)
+    assert node_w.shape == (28,) and chan_w.shape == (TASK.output_channels,)
+
+
+def test_make_optimizer_names_a_config_of_the_wrong_kind():
+    # Was: AttributeError ('str' object has no attribute 'peak_learning_rate').
+    for bad in ("adamw", None):
+        with pytest.raises(TypeError, match=f"^cfg={bad!r} is invalid: a TrainConfig$"):
+            make_optimizer(bad)
+    assert isinstance(make_optimizer(TrainConfig()), optax.GradientTransformation)

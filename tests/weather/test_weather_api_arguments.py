@@ -1,12 +1,15 @@
 """Bad arguments of the public weather API: one ValueError / TypeError naming the argument,
 not an IndexError, KeyError or TypeError from deep inside (or, worse, a silent result)."""
 
+import re
+
 import numpy as np
 import pytest
 
 from gclab.config import PRESSURE_LEVELS_13, PRESSURE_LEVELS_37, ModelConfig, TaskConfig
 from gclab.model.graphcast import param_shapes
 from gclab.training.data import SyntheticWeather
+from gclab.weather import CheckpointError, read_checkpoint
 from gclab.weather import dataset as wd
 
 CFG = ModelConfig(resolution=30.0, mesh_splits=1, latent_size=8, processor_steps=1)
@@ -141,3 +144,14 @@ def test_synthetic_dataset_needs_the_frames_of_one_example():
     assert ds.sizes["time"] == 3
     raw = wd.raw_example(wd.check_dataset(ds, TASK), TASK)  # the one example it holds
     assert raw.targets.shape[0] == 1
+
+
+def test_read_checkpoint_names_a_path_of_the_wrong_kind(tmp_path):
+    # None and a list were os.stat's TypeError; an integer was taken for an open file
+    # descriptor ("3: cannot read it (Bad file descriptor)", or that file's bytes).
+    for bad in (None, 3, ["a.npz"]):
+        with pytest.raises(TypeError, match=rf"^path={re.escape(repr(bad))} is invalid: a str "
+                                            r"or os\.PathLike \(an \.npz file\)$"):
+            read_checkpoint(bad)
+    with pytest.raises(CheckpointError, match="no such file"):
+        read_checkpoint(tmp_path / "absent.npz")
