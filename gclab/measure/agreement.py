@@ -30,6 +30,37 @@ from gclab.model.graphcast import graph_inputs, make_network
 from gclab.parallel.config import ParallelConfig
 from gclab.parallel.sharding import make_mesh, use_layout
 
+#: How far a memory technique or a layout may move the loss and each gradient array from
+#: one device's float32 baseline in float32: the order of float32 sums (relative to the
+#: largest value of the baseline's array; the loss relative to the loss).
+FLOAT32_TOLERANCE = 1e-5
+
+
+@dataclasses.dataclass(frozen=True)
+class Bfloat16Tolerances:
+    """How far a bfloat16 step may be from float32 (every bound relative, against one
+    device's float32 baseline unless said).
+
+    Attributes:
+      output: L2 error of the network's outputs.
+      loss: error of the loss.
+      grad: L2 error of each parameter's gradient (those above 1e-3 of the whole
+        gradient's norm: a tiny gradient's relative error is rounding noise).
+      cosine: the least cosine of the whole gradient with float32's.
+      layout_grad_norm: L2 error of the whole gradient of a layout against the same
+        bfloat16 step on one device (a layout changes the order of sums, so roundings
+        differ a little).
+    """
+    output: float = 3e-2
+    loss: float = 1e-2
+    grad: float = 1e-1
+    cosine: float = 0.995
+    layout_grad_norm: float = 2e-2
+
+
+#: The bfloat16 bounds every recipe, layout and pipeline is tested against.
+BFLOAT16_TOLERANCES = Bfloat16Tolerances()
+
 
 @dataclasses.dataclass(frozen=True)
 class Agreement:

@@ -73,7 +73,10 @@ def largest_fusion(hlo: str, max_lines: int = 18, width: int = 120) -> list[str]
     Returns:
       Its header, parameters and first instructions; empty if nothing is fused.
     """
-    bodies = [b for b in hlo.split("\n\n") if b.lstrip().startswith(("%fused", "fused"))]
+    # Computations are separated by blank lines, sometimes more than one: a piece may start
+    # with newlines, which are not part of its header.
+    bodies = [b.lstrip("\n") for b in hlo.split("\n\n")]
+    bodies = [b for b in bodies if b.lstrip().startswith(("%fused", "fused"))]
     if not bodies:
         return []
     largest = max(bodies, key=lambda b: b.count("\n"))

@@ -207,14 +207,16 @@ class CompiledStep:
       memory: XLA's compiled memory figures.
       timeline: the memory timeline (`gclab.measure.timeline.Timeline`), if asked for.
       run: if asked for, a zero-argument callable that runs one real training step on
-        random state and a random batch, and blocks until it is done.
+        random state and a random batch, blocks until it is done and returns the step's
+        metrics as host values (`{"loss", "grad_norm"}`, 0-d NumPy arrays); each call
+        continues from the state the call before it left.
       collectives: bytes per device moved by each kind of collective in one step
         (`gclab.measure.collectives.collective_bytes`; all 0 on one device).
     """
     spec: StepSpec
     memory: StepMemory
     timeline: Any = None
-    run: Optional[Callable[[], None]] = None
+    run: Optional[Callable[[], dict]] = None
     collectives: Optional[dict] = None
 
 
@@ -326,19 +328,28 @@ def _random_args(abstract_args, graphs: Graphs, seed: int):
             return jax.device_put((0.1 * rng.standard_normal(s.shape, np.float32)).astype(s.dtype))
         return jax.device_put(np.zeros(s.shape, s.dtype))
 
-    return (jax.tree_util.tree_map(fill, state_s), graph_inputs(graphs),
-            jax.tree_util.tree_map(fill, example_s))
+    def zeros(s):
+        return jax.device_put(np.zeros(s.shape, s.dtype))
+
+    # Random parameters, and the optimizer state that `init` gives (zero moments and
+    # counts): random second moments are negative, their square root NaN, and every step
+    # after the first would time and return NaNs.
+    state = state_s._replace(params=jax.tree_util.tree_map(fill, state_s.params),
+                             opt_state=jax.tree_util.tree_map(zeros, state_s.opt_state),
+                             step=zeros(state_s.step))
+    return state, graph_inputs(graphs), jax.tree_util.tree_map(fill, example_s)
 
 
-def _runner(compiled, args, mesh=None) -> Callable[[], None]:
+def _runner(compiled, args, mesh=None) -> Callable[[], dict]:
     holder = {"state": args[0]}
 
-    def run():
+    def run() -> dict:
         with contextlib.ExitStack() as stack:
             if mesh is not None:
                 stack.enter_context(jax.set_mesh(mesh))
             holder["state"], metrics = compiled(holder["state"], *args[1:])
         jax.block_until_ready(metrics)
+        return jax.device_get(metrics)
 
     return run
 
@@ -359,7 +370,8 @@ def loss_grad_abstract(spec: StepSpec, graphs: Optional[Graphs] = None):
 
 
 def make_live_step(spec: StepSpec, seed: int = 0, graphs: Optional[Graphs] = None) -> Callable:
-    """A zero-argument callable that runs one real jitted training step and blocks.
+    """A zero-argument callable that runs one real jitted training step, blocks and
+    returns the step's metrics (`CompiledStep.run`).
 
     It is compiled and run once before it is returned, so that timed calls measure
     the step alone.

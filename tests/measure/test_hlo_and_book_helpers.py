@@ -20,7 +20,6 @@ from gclab.measure import (  # noqa: E402
     compile_fn,
     flops,
     fusion_counts,
-    hlo_computations,
     indexed_by,
     largest_fusion,
 )
@@ -38,17 +37,35 @@ def test_flops_of_a_matmul_are_twice_its_multiply_adds():
     assert flops(compiled) == 2 * n * k * m
 
 
+def _elementwise_chain(x):
+    return jnp.tanh(x) * 2.0 + 1.0
+
+
 def test_fusion_counts_see_the_fused_elementwise_chain():
-    compiled = compile_fn(jax.grad(_matmul_then_elementwise), S((64, 32), jnp.float32),
-                          S((32, 16), jnp.float32))
-    hlo = compiled.as_text()
-    counts = fusion_counts(hlo)
-    assert counts["lines"] == len(hlo.splitlines())
-    assert counts["computations"] == len(hlo_computations(hlo))
-    assert 1 <= counts["fused computations"] <= counts["computations"]
-    assert counts["fusion instructions"] >= 1
-    assert any(c.startswith("fused") for c in hlo_computations(hlo))
-    lines = largest_fusion(hlo, max_lines=5, width=60)
+    # One chain of elementwise ops on one shape: XLA fuses it into one loop fusion (one
+    # fused computation beside ENTRY, called by one fusion instruction); with its fusion
+    # pass off, the same ops stay in ENTRY, and nothing is fused.
+    x = S((64, 32), jnp.float32)
+    fused = compile_fn(_elementwise_chain, x).as_text()
+    unfused = compile_fn(_elementwise_chain, x,
+                         compiler_options={"xla_disable_hlo_passes": "fusion"}).as_text()
+    assert {k: v for k, v in fusion_counts(fused).items() if k != "lines"} == {
+        "computations": 2, "fused computations": 1, "fusion instructions": 1}
+    assert {k: v for k, v in fusion_counts(unfused).items() if k != "lines"} == {
+        "computations": 1, "fused computations": 0, "fusion instructions": 0}
+    # The fused computation's own lines (its body and header) are the extra lines.
+    assert fusion_counts(fused)["lines"] > fusion_counts(unfused)["lines"]
+    lines = largest_fusion(fused, max_lines=20)
+    assert "fused" in lines[0]  # the header first, even after more than one blank line
+    assert all(f" {op}(" in "".join(lines) for op in ("tanh", "multiply", "add"))
+    assert largest_fusion(unfused) == []
+    # A gradient's module: its fusions are counted among its computations.
+    grad = compile_fn(jax.grad(_matmul_then_elementwise), S((64, 32), jnp.float32),
+                      S((32, 16), jnp.float32)).as_text()
+    counts = fusion_counts(grad)
+    assert 1 <= counts["fused computations"] < counts["computations"]
+    assert counts["fusion instructions"] >= counts["fused computations"]
+    lines = largest_fusion(grad, max_lines=5, width=60)
     assert 1 <= len(lines) <= 5 and all(len(line) <= 60 for line in lines)
     assert "fused" in lines[0] and "metadata=" not in "".join(lines)
 

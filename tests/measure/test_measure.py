@@ -506,7 +506,7 @@ def test_stage_colors_fixed():
 
 def test_one_compile_gives_memory_timeline_and_a_runnable_step(caplog):
     """`compile_train_step` compiles once for real arrays: its memory equals the figure from
-    shapes alone, its timeline agrees with it, and the step runs (and trains)."""
+    shapes alone, its timeline agrees with it, and the step runs and returns its metrics."""
     import dataclasses
 
     from gclab.config import PRESETS
@@ -533,8 +533,18 @@ def test_one_compile_gives_memory_timeline_and_a_runnable_step(caplog):
     # here, against 1,663,910 in the older emitter's dump of the same step.
     assert len(step.timeline) < 20_000
     assert any(s.startswith("processor step") for s in step.timeline.stages())
-    step.run()
-    step.run()
+    metrics = step.run()
+    # A mean square error of a network on random inputs and random targets: finite and
+    # positive (a NaN or a zero loss is a step that computed nothing useful); host values.
+    assert set(metrics) == {"loss", "grad_norm"}
+    assert all(isinstance(v, np.ndarray) for v in metrics.values())
+    assert np.isfinite(metrics["loss"]) and metrics["loss"] > 0
+    assert np.isfinite(metrics["grad_norm"]) and metrics["grad_norm"] > 0
+    # Again, on the state the first call left: the state it starts from is the optimizer's
+    # own (zero moments), so later steps stay finite and their times are those of real steps.
+    for _ in range(2):
+        again = step.run()
+        assert np.isfinite(again["loss"]) and np.isfinite(again["grad_norm"]), again
 
 
 # The step that uses every technique (`lean`: nested remat, edge blocks in every stage,

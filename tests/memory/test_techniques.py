@@ -14,6 +14,8 @@ import pytest
 from gclab.config import ModelConfig
 from gclab.geometry import build_graphs
 from gclab.measure import saved_residuals_df, summarize_residuals
+from gclab.measure.agreement import BFLOAT16_TOLERANCES as BF16
+from gclab.measure.agreement import FLOAT32_TOLERANCE as TOL
 from gclab.memory import RECIPES, MemoryConfig, get_recipe, parse_remat_spec
 from gclab.model import graph_inputs, make_network
 
@@ -95,8 +97,8 @@ F32_TECHNIQUES = {
 def test_float32_technique_keeps_loss_and_gradients(name, setup, baseline):
     loss0, grads0 = baseline
     loss, grads = loss_and_grads(F32_TECHNIQUES[name], setup)
-    assert abs(float(loss) - float(loss0)) <= 1e-5 * abs(float(loss0))
-    assert max_rel_diff(grads, grads0) <= 1e-5
+    assert abs(float(loss) - float(loss0)) <= TOL * abs(float(loss0))
+    assert max_rel_diff(grads, grads0) <= TOL
 
 
 # Blocks that leave a short last block (7 edges), and one block larger than every edge set;
@@ -105,16 +107,14 @@ def test_float32_technique_keeps_loss_and_gradients(name, setup, baseline):
 def test_results_do_not_depend_on_edge_block_size(block, setup, baseline):
     mem = MemoryConfig(edge_block_size=block, processor_edge_blocks=True)
     loss, grads = loss_and_grads(mem, setup)
-    assert max_rel_diff(grads, baseline[1]) <= 1e-5
-    assert abs(float(loss) - float(baseline[0])) <= 1e-5 * abs(float(baseline[0]))
+    assert max_rel_diff(grads, baseline[1]) <= TOL
+    assert abs(float(loss) - float(baseline[0])) <= TOL * abs(float(baseline[0]))
 
 
-# bfloat16 tolerances (stated): relative L2 error of outputs <= 3e-2; of each parameter's
-# gradient (those with a non-negligible gradient) <= 1e-1; cosine of the whole gradient
-# with the float32 one >= 0.995.
-BF16_OUTPUT_TOL = 3e-2
-BF16_GRAD_TOL = 1e-1
-BF16_COSINE = 0.995
+# bfloat16 tolerances (stated in `gclab.measure.agreement.BFLOAT16_TOLERANCES`): relative
+# L2 error of outputs, relative error of the loss, relative L2 error of each parameter's
+# gradient (those with a non-negligible gradient), least cosine of the whole gradient with
+# the float32 one.
 
 
 @pytest.mark.parametrize("recipe", list(RECIPES))
@@ -128,19 +128,20 @@ def test_bfloat16_within_stated_tolerance(recipe, setup, baseline):
     out16 = jax.jit(make_network(CFG, C, O, mem).apply)(params, graph, inputs)
     assert out16.dtype == jnp.float32
     rel = float(jnp.linalg.norm(out16 - out32) / jnp.linalg.norm(out32))
-    assert 0 < rel <= BF16_OUTPUT_TOL
-    _, grads = loss_and_grads(mem, setup)
+    assert 0 < rel <= BF16.output
+    loss, grads = loss_and_grads(mem, setup)
+    assert 0 < abs(float(loss) - float(baseline[0])) <= BF16.loss * abs(float(baseline[0]))
     for g in jax.tree_util.tree_leaves(grads):
         assert g.dtype == jnp.float32  # float32 parameters give float32 gradients
     g16 = jnp.concatenate([g.ravel() for g in jax.tree_util.tree_leaves(grads)])
     g32 = jnp.concatenate([g.ravel() for g in jax.tree_util.tree_leaves(baseline[1])])
     cosine = float(g16 @ g32 / (jnp.linalg.norm(g16) * jnp.linalg.norm(g32)))
-    assert cosine >= BF16_COSINE
+    assert cosine >= BF16.cosine
     big = [(a, b) for a, b in zip(jax.tree_util.tree_leaves(grads),
                                   jax.tree_util.tree_leaves(baseline[1]))
            if float(jnp.linalg.norm(b)) > 1e-3 * float(jnp.linalg.norm(g32))]
     for a, b in big:
-        assert float(jnp.linalg.norm(a - b) / jnp.linalg.norm(b)) <= BF16_GRAD_TOL
+        assert float(jnp.linalg.norm(a - b) / jnp.linalg.norm(b)) <= BF16.grad
 
 
 # ----------------------------------------------------------------------------------------
