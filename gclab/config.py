@@ -116,6 +116,29 @@ def is_number(v: object) -> bool:
     return isinstance(v, numbers.Real) and not isinstance(v, bool)
 
 
+def a_kind(value: object) -> str:
+    """The type of `value` with its article, for messages that name what was given.
+
+    ``"an int"``, ``"a str"``, ``"an ndarray"``, ``"a list"``; ``None`` is ``"None"``
+    (not ``"a NoneType"``). The article goes by the sound of the name: ``"a uint8"``.
+
+    Args:
+      value: any object.
+
+    Returns:
+      ``"a <type name>"`` or ``"an <type name>"``, or ``"None"``.
+    """
+    if value is None:
+        return "None"
+    name = type(value).__name__
+    low = name.lower()
+    # "ndarray" is said en-dee-array; "uint8", "ufunc", "uuid" and "unicode..." start
+    # with a "you".
+    vowel = (low[:1] in ("a", "e", "i", "o") or low.startswith("nd")
+             or low.startswith("u") and not low.startswith(("uint", "ufunc", "uuid", "uni")))
+    return f"{'an' if vowel else 'a'} {name}"
+
+
 def normalise_numbers(config: object, ints: tuple = (), floats: tuple = ()) -> None:
     """Turns numpy scalars of a frozen dataclass's valid fields into Python int / float.
 

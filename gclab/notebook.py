@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
 from gclab import devices
-from gclab.config import ModelConfig, TaskConfig, is_number, require_count
+from gclab.config import ModelConfig, TaskConfig, a_kind, is_number, require_count
 from gclab.recordings import output_dir
 from gclab.recordings import recorded as _read_recording
 
@@ -645,14 +645,14 @@ def planned_and_measured(configs, *, plans=None, usable: Optional[int] = None,
     from gclab.sizing import StepSpec, train_step_memory
 
     if not isinstance(configs, Mapping):
-        raise TypeError(f"planned_and_measured configs is a {type(configs).__name__}: it must "
+        raise TypeError(f"planned_and_measured configs is {a_kind(configs)}: it must "
                         "be a {label: StepSpec} mapping")
     if not configs:
         raise ValueError("planned_and_measured configs is empty: nothing to plan")
     wrong = [label for label, spec in configs.items() if not isinstance(spec, StepSpec)]
     if wrong:  # a LiveConfig, say: its StepSpec is its `spec`
-        raise TypeError(f"planned_and_measured configs[{wrong[0]!r}] is a "
-                        f"{type(configs[wrong[0]]).__name__}: each value must be a StepSpec")
+        raise TypeError(f"planned_and_measured configs[{wrong[0]!r}] is "
+                        f"{a_kind(configs[wrong[0]])}: each value must be a StepSpec")
     repeats = require_count("repeats", repeats, 1, "planned_and_measured")
     backend = jax.default_backend()
     usable = _usable(usable, "planned_and_measured")

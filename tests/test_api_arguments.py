@@ -96,3 +96,16 @@ def test_sizes_of_the_shapes_compiled_from_are_counts_and_configs_of_their_kind(
                         (("graphcast", task), "param_count model='graphcast' is invalid")):
         with pytest.raises(TypeError, match=words):
             param_count(*args)
+
+
+def test_a_kind_names_the_type_with_its_article():
+    from gclab.config import a_kind
+    from gclab.geometry.graphs import graphs_for
+
+    assert [a_kind(v) for v in (3, "3", None, np.zeros(2), [3])] == [
+        "an int", "a str", "None", "an ndarray", "a list"]
+    assert (a_kind(np.int64(3)), a_kind(np.uint8(3))) == ("an int64", "a uint8")
+    # Messages that name what was given say "not an int", never "not a int".
+    for value, kind in ((3, "an int"), (None, "None")):
+        with pytest.raises(ValueError, match=f"^graphs_for needs a ModelConfig, not {kind}$"):
+            graphs_for(value)

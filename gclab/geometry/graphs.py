@@ -24,7 +24,7 @@ from typing import Any, Optional, Union
 
 import numpy as np
 
-from gclab.config import ModelConfig
+from gclab.config import ModelConfig, a_kind
 from gclab.files import CacheWarning, atomic_path
 from gclab.geometry import features as features_lib
 from gclab.geometry import grid_mesh, icosahedral
@@ -512,7 +512,7 @@ def graphs_for(model_config: ModelConfig, **kw: Any) -> Graphs:
       The graphs.
     """
     if not isinstance(model_config, ModelConfig):
-        raise ValueError(f"graphs_for needs a ModelConfig, not a {type(model_config).__name__}")
+        raise ValueError(f"graphs_for needs a ModelConfig, not {a_kind(model_config)}")
     return build_graphs(
         model_config.resolution,
         model_config.mesh_splits,

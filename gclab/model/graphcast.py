@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
-from gclab.config import STRUCTURAL_EDGE_FEATURES, STRUCTURAL_NODE_FEATURES, ModelConfig
+from gclab.config import STRUCTURAL_EDGE_FEATURES, STRUCTURAL_NODE_FEATURES, ModelConfig, a_kind
 from gclab.memory.blocks import (
     balanced_block,
     blocked_edge_update,
@@ -649,7 +649,7 @@ def make_network(model: ModelConfig, data_channels: int, output_channels: int,
     def forward(graph: GraphInputs, inputs: Array) -> Array:
         if not isinstance(graph, GraphInputs):
             raise TypeError(f"graph is invalid: a GraphInputs (`gclab.model.graph_inputs`), "
-                            f"not a {type(graph).__name__}")
+                            f"not {a_kind(graph)}")
         if inputs.ndim != 3 or inputs.shape[-1] != data_channels:
             raise ValueError(f"inputs must have shape [Ng, B, {data_channels}], "
                              f"got {tuple(inputs.shape)}")

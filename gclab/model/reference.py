@@ -39,7 +39,7 @@ import jax
 import numpy as np
 from scipy.spatial import cKDTree
 
-from gclab.config import ConfigError, ModelConfig, is_int, is_number
+from gclab.config import ConfigError, ModelConfig, a_kind, is_int, is_number
 from gclab.geometry.graphs import build_graphs
 from gclab.geometry.grid_mesh import grid_positions, nearest_flat_faces, point_triangle_distance
 from gclab.geometry.icosahedral import multimesh
@@ -104,8 +104,8 @@ def load_fixture(path) -> Fixture:
       FixtureError: the file is missing, not an `.npz`, lacks keys, or is inconsistent.
     """
     if not isinstance(path, (str, os.PathLike)):
-        raise FixtureError(f"a fixture path must be a str or os.PathLike, not a "
-                           f"{type(path).__name__}")
+        raise FixtureError(f"a fixture path must be a str or os.PathLike, not "
+                           f"{a_kind(path)}")
     path = Path(path)
     if path.is_dir():
         raise FixtureError(f"{path}: is a folder, not an .npz fixture")
@@ -290,7 +290,7 @@ def _read_sidecar(json_path: Path) -> Optional[dict]:
     except (OSError, UnicodeDecodeError) as e:
         fail(f"not a readable JSON text file ({type(e).__name__}: {e})")
     if not isinstance(sidecar, dict):
-        fail(f"must hold a JSON object, not a {type(sidecar).__name__}")
+        fail(f"must hold a JSON object, not {a_kind(sidecar)}")
     for key in ("config", "graph"):
         if not isinstance(sidecar.get(key, {}), dict):
             fail(f"'{key}' must be a JSON object, not {sidecar[key]!r}")
@@ -464,8 +464,8 @@ def run_checks(fx: Fixture, tolerance: float = DEFAULT_TOLERANCE) -> list:
       ValueError: `fx` is not a `Fixture`, or `tolerance` not a finite number > 0.
     """
     if not isinstance(fx, Fixture):
-        raise ValueError(f"run_checks needs a Fixture (see load_fixture), not a "
-                         f"{type(fx).__name__}")
+        raise ValueError(f"run_checks needs a Fixture (see load_fixture), not "
+                         f"{a_kind(fx)}")
     if not is_number(tolerance) or not 0 < tolerance < math.inf:
         raise ValueError(f"tolerance={tolerance!r} is invalid: a finite number > 0")
     a = fx.arrays

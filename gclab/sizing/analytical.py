@@ -53,7 +53,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gclab.config import MAX_INT32, STRUCTURAL_EDGE_FEATURES, ModelConfig, TaskConfig, is_int
+from gclab.config import (
+    MAX_INT32,
+    STRUCTURAL_EDGE_FEATURES,
+    ModelConfig,
+    TaskConfig,
+    a_kind,
+    is_int,
+)
 from gclab.geometry.graphs import graphs_for
 from gclab.measure.compiled import compiled_memory
 from gclab.memory.blocks import balanced_block
@@ -415,8 +422,8 @@ def check_step_arguments(model: Any, task: Any, memory: Any, batch: Any, rollout
     for name, value, kind in (("model", model, ModelConfig), ("task", task, TaskConfig),
                               ("memory", memory, MemoryConfig)):
         if not isinstance(value, kind):
-            raise ValueError(f"{caller}: {name} must be a {kind.__name__}, not a "
-                             f"{type(value).__name__}")
+            raise ValueError(f"{caller}: {name} must be a {kind.__name__}, not "
+                             f"{a_kind(value)}")
     for name, value in (("batch", batch), ("rollout", rollout)):
         if not is_int(value) or not 1 <= value <= MAX_INT32:
             raise ValueError(f"{caller}: {name}={value!r} is invalid: an integer >= 1 "
@@ -451,7 +458,7 @@ def estimate(model: ModelConfig, task: TaskConfig, memory: Optional[MemoryConfig
     mem = memory or MemoryConfig()
     check_step_arguments(model, task, mem, batch, rollout, "estimate")
     if counts is not None and not isinstance(counts, GraphCounts):
-        raise ValueError(f"estimate: counts must be a GraphCounts, not a {type(counts).__name__}")
+        raise ValueError(f"estimate: counts must be a GraphCounts, not {a_kind(counts)}")
     if activation_bytes is not None and activation_bytes not in (2, 4):
         raise ValueError(f"estimate: activation_bytes={activation_bytes!r} is invalid: "
                          "None, 2 or 4")

@@ -33,7 +33,7 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import Bounds, LinearConstraint, milp
 
-from gclab.config import ModelConfig, TaskConfig, is_number
+from gclab.config import ModelConfig, TaskConfig, a_kind, is_number
 from gclab.devices import CARDS, FIT_MARGIN, card_usable_bytes
 from gclab.measure.compiled import format_bytes
 from gclab.memory.config import PRECISIONS, RECIPES, MemoryConfig
@@ -346,7 +346,7 @@ def plan(budget: Union[int, float, str], model: ModelConfig, task: TaskConfig, *
     if speed is None:
         speed = speed_for(card_name(budget), precision)
     elif not isinstance(speed, SpeedModel):
-        raise ValueError(f"plan: speed must be a SpeedModel, not a {type(speed).__name__}")
+        raise ValueError(f"plan: speed must be a SpeedModel, not {a_kind(speed)}")
     milp_mem, milp_info = _milp(model, task, counts, usable, batch, rollout, precision, u,
                                 speed)
     if milp_mem is not None and all(milp_mem != m for _, m in cands):

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from gclab import training
-from gclab.config import MAX_INT32, ModelConfig, TaskConfig, is_int
+from gclab.config import MAX_INT32, ModelConfig, TaskConfig, a_kind, is_int
 from gclab.devices import usable_bytes
 from gclab.geometry.graphs import Graphs, graphs_for
 from gclab.limits import MAX_PLANNED_BYTES, host_memory_bytes, require_fits
@@ -64,8 +64,8 @@ class StepSpec:
                             ("memory", MemoryConfig)):
             v = getattr(self, field)
             if not isinstance(v, kind):
-                raise ValueError(f"StepSpec.{field} is invalid: a {kind.__name__}, not a "
-                                 f"{type(v).__name__}.")
+                raise ValueError(f"StepSpec.{field} is invalid: a {kind.__name__}, not "
+                                 f"{a_kind(v)}.")
         for field in ("batch", "rollout"):
             v = getattr(self, field)
             if not is_int(v) or not 1 <= v <= MAX_INT32:
@@ -275,7 +275,7 @@ def compile_train_step(spec: StepSpec, graphs: Optional[Graphs] = None, *,
         the device's memory (`device_memory_bytes`).
     """
     if not isinstance(spec, StepSpec):
-        raise ValueError(f"spec must be a StepSpec, not a {type(spec).__name__}")
+        raise ValueError(f"spec must be a StepSpec, not {a_kind(spec)}")
     graphs = graphs if graphs is not None else graphs_for(spec.model)
     check_step_size(spec, graphs)
     step, base = train_step_abstract(spec, graphs)

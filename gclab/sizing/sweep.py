@@ -35,7 +35,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 import gclab
-from gclab.config import ModelConfig, TaskConfig, is_int, is_number, require_count
+from gclab.config import ModelConfig, TaskConfig, a_kind, is_int, is_number, require_count
 from gclab.files import CacheWarning, atomic_path, check_writable_folder, write_text_atomic
 from gclab.measure.peak import measure_peak
 from gclab.measure.timing import median_seconds
@@ -71,7 +71,7 @@ def grid(model: ModelConfig, latent_sizes: Iterable[int], steps_list: Iterable[i
         technique.
     """
     if not isinstance(model, ModelConfig):
-        raise ValueError(f"grid: model must be a ModelConfig, not a {type(model).__name__}")
+        raise ValueError(f"grid: model must be a ModelConfig, not {a_kind(model)}")
     latent_sizes, steps_list = list(latent_sizes), list(steps_list)
     for name, values in (("latent_sizes", latent_sizes), ("steps_list", steps_list)):
         if not values or not all(is_int(v) and v >= 1 for v in values):
@@ -286,7 +286,7 @@ def save_sweep(df: pd.DataFrame, path: Union[str, os.PathLike]) -> Path:
     (`gclab.files.atomic_path`).
     """
     if not isinstance(df, pd.DataFrame):
-        raise ValueError(f"save_sweep needs a DataFrame (see sweep), not a {type(df).__name__}")
+        raise ValueError(f"save_sweep needs a DataFrame (see sweep), not {a_kind(df)}")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(path) as tmp:

@@ -46,6 +46,7 @@ from gclab.config import (
     SURFACE_VARIABLES,
     ModelConfig,
     TaskConfig,
+    a_kind,
     is_int,
 )
 from gclab.limits import host_memory_bytes, require_fits
@@ -246,8 +247,8 @@ class SyntheticWeather:
     def __init__(self, task: TaskConfig, resolution: float, seed: int = 0,
                  basis: int = 24) -> None:
         if not isinstance(task, TaskConfig):
-            raise ValueError(f"SyntheticWeather.task is invalid: a TaskConfig, not a "
-                             f"{type(task).__name__}.")
+            raise ValueError(f"SyntheticWeather.task is invalid: a TaskConfig, not "
+                             f"{a_kind(task)}.")
         try:
             model = ModelConfig(resolution=resolution)
         except ValueError as e:

@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
-from gclab.config import ModelConfig, TaskConfig, require_count
+from gclab.config import ModelConfig, TaskConfig, a_kind, require_count
 from gclab.geometry.graphs import graphs_for
 from gclab.memory.config import MemoryConfig
 from gclab.model.graphcast import graph_inputs, make_network, param_mismatches, param_shapes
@@ -110,7 +110,7 @@ def check_init_params(params, model: ModelConfig, task: TaskConfig) -> None:
     want = param_shapes(model, task.data_channels, task.output_channels)
     if not isinstance(params, Mapping):
         raise TypeError(f"init_params is invalid: a {{module: {{name: array}}}} mapping, "
-                        f"not a {type(params).__name__}")
+                        f"not {a_kind(params)}")
     mismatches = param_mismatches(params, want)
     if not mismatches:
         return

@@ -43,6 +43,7 @@ from gclab.config import (
     STRUCTURAL_NODE_FEATURES,
     SURFACE_VARIABLES,
     TaskConfig,
+    a_kind,
     is_int,
     require_count,
 )
@@ -202,8 +203,8 @@ def _check_channel_params(params, task, hidden_layers) -> None:
         raise ValueError(f"hidden_layers={hidden_layers!r} is invalid: an integer >= 1 "
                          f"(1 in every published model)")
     if not isinstance(params, Mapping):
-        raise TypeError(f"params is invalid: a {{module: {{name: array}}}} mapping, not a "
-                        f"{type(params).__name__}")
+        raise TypeError(f"params is invalid: a {{module: {{name: array}}}} mapping, not "
+                        f"{a_kind(params)}")
     layers = sorted(int(m[len(DECODER):]) for m in params
                     if isinstance(m, str) and m.startswith(DECODER)
                     and m[len(DECODER):].isdigit())

@@ -211,7 +211,7 @@ def test_to_official_names_a_tree_that_is_not_gclabs():
     with pytest.raises(TypeError, match="^params is invalid: a {module: {name: array}} "
                                         "mapping, not a str$"):
         params_lib.to_official("params")
-    with pytest.raises(TypeError, match="^params is invalid: grid2mesh_gnn/x is a int, not a "
+    with pytest.raises(TypeError, match="^params is invalid: grid2mesh_gnn/x is an int, not a "
                                         r"{name: array} mapping$"):
         params_lib.to_official({"grid2mesh_gnn/x": 3})
     both = params_lib.to_official({stacked: {"w": np.zeros((2, 3)), "b": np.zeros((2, 1))}})
