@@ -443,10 +443,10 @@ def _usable(usable: object, caller: str) -> int:
     """
     if usable is None:
         return usable_here()
-    allowed = "a finite number of bytes > 0 (e.g. 8 * 2**30), or None for usable_here()"
+    allowed = "a finite number of bytes >= 1 (e.g. 8 * 2**30), or None for usable_here()"
     if not is_number(usable):
         raise TypeError(f"{caller} usable={usable!r} is invalid: {allowed}")
-    if not 0 < usable < math.inf:
+    if not 1 <= usable < math.inf:  # a fraction of a byte would be 0 bytes
         raise ValueError(f"{caller} usable={usable!r} is invalid: {allowed}")
     return int(usable)
 

@@ -82,14 +82,14 @@ def test_sizes_of_the_shapes_compiled_from_are_counts_and_configs_of_their_kind(
     from gclab.training.examples import example_shapes
 
     task = TaskConfig()
-    # A negative grid was a shape of -5 nodes, found only by the compiler (if at all).
+    # A negative grid must not become a shape of -5 nodes, left to the compiler to find.
     for args, words in (((task, -5, 1, 1), "example_shapes num_grid_nodes=-5 is invalid"),
                         ((task, 10, 0, 1), "example_shapes batch=0 is invalid"),
                         ((task, 10, 1, 2.0), "example_shapes rollout=2.0 is invalid")):
         with pytest.raises(ValueError, match=words):
             example_shapes(*args)
     assert example_shapes(task, np.int64(10), 1, 2).targets.shape[:3] == (2, 10, 1)
-    # A str model or task was an AttributeError ('str' object has no attribute ...).
+    # A str model or task: not an AttributeError from inside ('str' object has no ...).
     with pytest.raises(TypeError, match="^example_shapes task='13' is invalid: a TaskConfig$"):
         example_shapes("13", 10, 1, 1)
     for args, words in (((ModelConfig(), "13"), "param_count task='13' is invalid"),

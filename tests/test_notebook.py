@@ -358,7 +358,7 @@ def test_page_text_width_is_an_integer_not_a_bool_or_float(width, words):
 def test_live_configs_names_a_scale_given_by_its_name():
     from gclab.notebook import live_configs
 
-    for chapter in ("06", "07"):  # 07 at a small scale runs nothing: [] before
+    for chapter in ("06", "07"):  # 07 at a small scale runs nothing: not an empty list
         with pytest.raises(TypeError, match=r"^live_configs scale='cpu' is invalid: a Scale "
                            r"\(choose_scale\(\) or SCALE_TABLE\[name\]"):
             live_configs(chapter, "cpu")
@@ -367,6 +367,7 @@ def test_live_configs_names_a_scale_given_by_its_name():
 
 @pytest.mark.parametrize("usable,error", [("8GiB", TypeError), (True, TypeError),
                                           (0, ValueError), (-1.0, ValueError),
+                                          (0.5, ValueError),  # would be 0 bytes
                                           (float("inf"), ValueError)], ids=repr)
 def test_usable_bytes_are_a_positive_number(usable, error):
     from gclab.config import TaskConfig
@@ -381,4 +382,4 @@ def test_usable_bytes_are_a_positive_number(usable, error):
         with pytest.raises(error) as e:
             call()
         assert str(e.value).startswith(f"{name} usable={usable!r} is invalid: a finite "
-                                       "number of bytes > 0"), str(e.value)
+                                       "number of bytes >= 1"), str(e.value)

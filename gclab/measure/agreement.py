@@ -44,8 +44,9 @@ class Bfloat16Tolerances:
     Attributes:
       output: L2 error of the network's outputs.
       loss: error of the loss.
-      grad: L2 error of each parameter's gradient (those above 1e-3 of the whole
-        gradient's norm: a tiny gradient's relative error is rounding noise).
+      grad: L2 error of the gradient: of each parameter's on one device (those above 1e-3
+        of the whole gradient's norm: a tiny gradient's relative error is rounding noise),
+        and of the whole gradient on layouts and pipelines.
       cosine: the least cosine of the whole gradient with float32's.
       layout_grad_norm: L2 error of the whole gradient of a layout against the same
         bfloat16 step on one device (a layout changes the order of sums, so roundings

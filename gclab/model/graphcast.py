@@ -759,7 +759,15 @@ def param_mismatches(params: Mapping, expected: Mapping) -> list[ParamMismatch]:
       First every parameter (or module) of `params` that `expected` lacks, in `params`'
       order; then every one of `expected` that `params` lacks or has in another shape, in
       `expected`'s order. A module missing on one side is one entry (`name` None).
+
+    Raises:
+      TypeError: `params` or `expected` is not a `{module: {name: array}}` mapping.
     """
+    for name, tree in (("params", params), ("expected", expected)):
+        if not isinstance(tree, Mapping):
+            raise TypeError(f"param_mismatches {name} is invalid: a {{module: {{name: array}}}} "
+                            f"mapping, not {a_kind(tree)}")
+
     def leaves(tree: Mapping, module: str) -> Mapping:
         value = tree[module]
         return value if isinstance(value, Mapping) else {}

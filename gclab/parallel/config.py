@@ -248,9 +248,9 @@ def layouts(devices: int) -> list[ParallelConfig]:
     """Every data x spatial layout of `devices` devices (pipeline 1), data-heaviest first.
 
     Raises:
-      ValueError: `devices` not an integer >= 1.
+      ValueError: `devices` not an integer in 1..MAX_INT32.
     """
-    devices = require_count("devices", devices, 1)
+    devices = _device_count(devices)
     return [ParallelConfig(data=d, spatial=devices // d) for d in _divisors(devices)[::-1]]
 
 
@@ -261,12 +261,20 @@ def pipeline_layouts(devices: int, steps: int) -> list[ParallelConfig]:
     (`gclab.sizing.pipeline_plan`); data-heaviest first.
 
     Raises:
-      ValueError: `devices` or `steps` not an integer >= 1.
+      ValueError: `devices` not an integer in 1..MAX_INT32, or `steps` not an integer >= 1.
     """
-    devices = require_count("devices", devices, 1)
+    devices = _device_count(devices)
     steps = require_count("steps", steps, 1)
     return [ParallelConfig(data=devices // p, pipeline=p)
             for p in _divisors(devices) if 2 <= p <= steps]
+
+
+def _device_count(devices: object) -> int:
+    """`devices` as an int: a count a layout's sizes can hold (at most `MAX_INT32`)."""
+    if not is_int(devices) or not 1 <= devices <= MAX_INT32:
+        raise ValueError(f"devices={devices!r} is invalid: an integer >= 1 (and <= "
+                         f"{MAX_INT32})")
+    return int(devices)
 
 
 def _divisors(n: int) -> list[int]:

@@ -313,7 +313,8 @@ def compile_train_step(spec: StepSpec, graphs: Optional[Graphs] = None, *,
 
 
 def _random_args(abstract_args, graphs: Graphs, seed: int):
-    """Real (state, graph, example): random state and batch of the abstract shapes.
+    """Real (state, graph, example): random parameters and batch of the abstract shapes,
+    and the optimizer state its `init` gives (zeros).
 
     The values only feed timed and measured steps, so they are drawn on the host with
     NumPy's generator (seeded by `seed`): `jax.random` compiles one kernel per distinct

@@ -302,10 +302,13 @@ def load_sweep(path: Union[str, os.PathLike]) -> pd.DataFrame:
 
     Raises:
       FileNotFoundError: no file at `path`.
-      ValueError: a file that is not a CSV table (`.csv`) or not a JSON list of row
-        objects (any other name), naming the file.
+      ValueError: a folder, or a file that is not a CSV table (`.csv`) or not a JSON list
+        of row objects (any other name), naming the path.
     """
     path = Path(path)
+    if path.is_dir():
+        raise ValueError(f"load_sweep {path}: a folder, not a sweep file (save_sweep writes "
+                         "one .csv or JSON file)")
     if path.suffix.lower() == ".csv":
         try:
             return pd.read_csv(path)
@@ -321,5 +324,5 @@ def load_sweep(path: Union[str, os.PathLike]) -> pd.DataFrame:
         what = "a list of other things than objects" if isinstance(rows, list) else "not a list"
         raise ValueError(f"load_sweep {path}: JSON of the wrong shape ({what}); a sweep is a "
                          "JSON list of row objects (save_sweep)")
-    # pandas reads the same text, so columns get the types save_sweep's reader always gave
+    # pandas parses the text itself, so column types are pandas' own inference, as for a CSV
     return pd.read_json(io.BytesIO(raw), orient="records")

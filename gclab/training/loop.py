@@ -121,11 +121,12 @@ def check_init_params(params, model: ModelConfig, task: TaskConfig) -> None:
     if first.name is None:
         where = "not a parameter of this model" if first.unknown else "missing"
         raise ValueError(f"{prefix}module {first.module!r} {where}")
-    raise ValueError(
-        f"{prefix}{first.module}/{first.name} is "
-        + ("missing" if first.shape is None else f"of shape {first.shape}")
-        + (", not a parameter of this model" if first.unknown
-           else f", the model's is {first.expected}"))
+    where = f"{prefix}{first.module}/{first.name} is"
+    if first.unknown:  # whatever it holds, an array or not
+        shape = "" if first.shape is None else f" of shape {first.shape},"
+        raise ValueError(f"{where}{shape} not a parameter of this model")
+    given = "missing" if first.shape is None else f"of shape {first.shape}"
+    raise ValueError(f"{where} {given}, the model's is {first.expected}")
 
 
 def schedule(steps: int, peak_learning_rate: float = 1e-3) -> TrainConfig:

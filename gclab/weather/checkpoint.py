@@ -299,7 +299,11 @@ def check_params(params: Mapping, model: ModelConfig, task: TaskConfig,
                  for m, leaves in shapes.items()}
     expected = to_official(stand_ins)
     # Compared key by key, as the file stores them: a module without parameters has no key.
-    got = {m: leaves for m, leaves in to_official(params).items() if leaves}
+    try:
+        official = to_official(params)
+    except ValueError as e:  # a module path that is no GraphCast one, named by the file
+        raise CheckpointError(f"{path}: params: {e}") from None
+    got = {m: leaves for m, leaves in official.items() if leaves}
     mismatches = param_mismatches(got, expected)
     if not mismatches:
         return
@@ -328,7 +332,8 @@ def read_flat(path: PathLike) -> dict:
         message names the member), needs pickle, or would not fit in memory.
     """
     if not isinstance(path, (str, bytes, os.PathLike)):
-        raise TypeError(f"path={path!r} is invalid: a str or os.PathLike (an .npz file)")
+        raise TypeError(f"path={path!r} is invalid: a str, bytes or os.PathLike (an .npz "
+                        f"file)")
     if os.path.isdir(path):
         raise CheckpointError(f"{path}: not a checkpoint (a folder, not an .npz file)")
     try:

@@ -185,7 +185,7 @@ def test_param_mismatches_lists_unknown_then_missing_or_misshapen():
 
 
 def test_count_params_names_a_tree_of_the_wrong_kind():
-    # Each was an AttributeError ('str' object has no attribute 'shape').
+    # Not an AttributeError from inside ('str' object has no attribute 'shape').
     for bad, kind in (("params", "str"), ({"a": {"w": [1.0, 2.0]}}, "float")):
         with pytest.raises(TypeError, match=fr"^params is invalid: a tree of arrays \(it has "
                                             fr"a leaf of type {kind}\)$"):
@@ -193,10 +193,16 @@ def test_count_params_names_a_tree_of_the_wrong_kind():
     assert count_params({"a": {"w": np.zeros((2, 3)), "b": np.zeros(3)}}) == 9
 
 
+def test_param_mismatches_names_a_tree_that_is_no_mapping():
+    for args, name in ((("abc", {}), "params"), (({}, None), "expected")):
+        with pytest.raises(TypeError, match=f"^param_mismatches {name} is invalid: a "):
+            param_mismatches(*args)
+
+
 def test_to_official_names_a_tree_that_is_not_gclabs():
-    # {'a': ...} was "ValueError: not enough values to unpack", an official path was
-    # converted again (its '~_networks_builder/' doubled), an empty processor module a
-    # StopIteration, a 0-d one an IndexError, a module that is no mapping an AttributeError.
+    # Guards against numpy's and Python's own complaints from inside ("not enough values to
+    # unpack", StopIteration, IndexError, AttributeError) and against an official path
+    # converted a second time (its '~_networks_builder/' doubled).
     official = "mesh_gnn/~_networks_builder/processor_edges_0_mesh_mlp/~/linear_0"
     for module in ("a", official):
         with pytest.raises(ValueError, match=f"^params is invalid: '{module}' is not a module "

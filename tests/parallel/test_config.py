@@ -119,8 +119,8 @@ def test_layouts_of_eight_devices():
 
 
 def test_layouts_of_many_devices_are_every_divisor_pair():
-    # Found by divisor pairs up to the square root: a billion devices took minutes of
-    # divisions one by one. 2**30 has 31 divisors; a prime two.
+    # Found by divisor pairs up to the square root, so that a billion devices do not take
+    # a billion divisions. 2**30 has 31 divisors; a prime two.
     assert [p.data for p in layouts(2**30)] == [2**k for k in range(30, -1, -1)]
     assert [p.spec for p in layouts(7)] == ["data:7,spatial:1", "data:1,spatial:7"]
     assert [p.spec for p in layouts(36)][3:6] == ["data:9,spatial:4", "data:6,spatial:6",
@@ -129,12 +129,18 @@ def test_layouts_of_many_devices_are_every_divisor_pair():
     assert [p.pipeline for p in pipeline_layouts(12, 16)] == [2, 3, 4, 6, 12]
 
 
+DEVICE_COUNT = "an integer >= 1 (and <= 2147483647)"
 BAD_COUNTS = [
-    ("layouts(0)", lambda: layouts(0), "devices=0 is invalid: an integer >= 1"),
-    ("layouts(True)", lambda: layouts(True), "devices=True is invalid: an integer >= 1"),
-    ("layouts(8.0)", lambda: layouts(8.0), "devices=8.0 is invalid: an integer >= 1"),
+    ("layouts(0)", lambda: layouts(0), f"devices=0 is invalid: {DEVICE_COUNT}"),
+    ("layouts(True)", lambda: layouts(True), f"devices=True is invalid: {DEVICE_COUNT}"),
+    ("layouts(8.0)", lambda: layouts(8.0), f"devices=8.0 is invalid: {DEVICE_COUNT}"),
+    # More than a layout's sizes hold: refused by name, before any division.
+    ("layouts(2**40)", lambda: layouts(2**40),
+     f"devices=1099511627776 is invalid: {DEVICE_COUNT}"),
+    ("pipeline_layouts(10**18, 4)", lambda: pipeline_layouts(10**18, 4),
+     f"devices={10**18} is invalid: {DEVICE_COUNT}"),
     ("pipeline_layouts(True, 4)", lambda: pipeline_layouts(True, 4),
-     "devices=True is invalid: an integer >= 1"),
+     f"devices=True is invalid: {DEVICE_COUNT}"),
     ("pipeline_layouts(4, 4.0)", lambda: pipeline_layouts(4, 4.0),
      "steps=4.0 is invalid: an integer >= 1"),
     ("pipeline_layouts(4, 0)", lambda: pipeline_layouts(4, 0),

@@ -268,3 +268,8 @@ def test_a_file_that_is_no_sweep_is_named(name, text, words, tmp_path):
     with pytest.raises(ValueError) as e:
         sweep.load_sweep(tmp_path / name)
     assert str(e.value).startswith(f"load_sweep {tmp_path / name}") and words in str(e.value)
+
+
+def test_a_folder_is_no_sweep(tmp_path):
+    with pytest.raises(ValueError, match="load_sweep .*: a folder, not a sweep file"):
+        sweep.load_sweep(tmp_path)

@@ -92,7 +92,7 @@ def test_a_parameter_the_model_lacks_is_named():
 
 
 def test_the_loss_weights_name_a_task_of_the_wrong_kind():
-    # Each was an AttributeError ('str' object has no attribute 'pressure_levels').
+    # Not an AttributeError from inside ('str' object has no attribute 'pressure_levels').
     grid_lat = np.linspace(-90.0, 90.0, 7)
     for weights in (losses.level_weights, losses.channel_weights):
         with pytest.raises(TypeError, match="^task='13' is invalid: a TaskConfig$"):
@@ -104,8 +104,20 @@ def test_the_loss_weights_name_a_task_of_the_wrong_kind():
 
 
 def test_make_optimizer_names_a_config_of_the_wrong_kind():
-    # Was: AttributeError ('str' object has no attribute 'peak_learning_rate').
+    # Not an AttributeError from inside ('str' object has no attribute 'peak_learning_rate').
     for bad in ("adamw", None):
         with pytest.raises(TypeError, match=f"^cfg={bad!r} is invalid: a TrainConfig$"):
             make_optimizer(bad)
     assert isinstance(make_optimizer(TrainConfig()), optax.GradientTransformation)
+
+
+def test_a_parameter_the_model_lacks_is_named_as_such_whatever_it_holds():
+    params = _params(CFG, TASK)
+    module = sorted(params)[0]
+    for extra, words in ((np.zeros(3, np.float32), "/zz is of shape (3,), not a parameter"),
+                         ("text", "/zz is not a parameter")):
+        params[module]["zz"] = extra
+        with pytest.raises(ValueError) as e:
+            check_init_params(params, CFG, TASK)
+        assert str(e.value).endswith(f"{module}{words} of this model"), str(e.value)
+        assert "missing" not in str(e.value)

@@ -193,7 +193,7 @@ def test_a_header_declaring_more_than_its_member_holds_is_refused_before_reading
         header, {"descr": "<f8", "fortran_order": False, "shape": (10**14,)})
     with zipfile.ZipFile(path, "a") as z:
         z.writestr(LAST_W + ".npy", header.getvalue() + bytes(64))
-    with pytest.raises(CheckpointError) as e:  # was a MemoryError traceback
+    with pytest.raises(CheckpointError) as e:  # not a MemoryError traceback
         read_checkpoint(path)
     message = str(e.value)
     assert message.startswith(f"{path}: ") and f"member {LAST_W}.npy" in message

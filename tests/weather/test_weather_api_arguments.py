@@ -40,7 +40,7 @@ def dataset():
 
 @pytest.mark.parametrize("convert", CONVERSIONS, ids=lambda f: f.__name__)
 def test_params_of_another_task_name_the_task(params_13, convert):
-    # Was: IndexError: index 238 is out of bounds for axis 0 with size 186.
+    # Not numpy's IndexError from inside (index 238 is out of bounds for axis 0 ...).
     with pytest.raises(ValueError, match=r"^task is invalid for params: the task has 37 "
                        r"pressure level\(s\), with precipitation input \(471 input and 227 "
                        r"output channels\), the params are for a task of 13 pressure "
@@ -55,12 +55,12 @@ def test_params_of_another_task_name_the_task(params_13, convert):
 
 @pytest.mark.parametrize("convert", CONVERSIONS, ids=lambda f: f.__name__)
 def test_hidden_layers_must_be_the_params_count(params_13, convert):
-    # Was: KeyError 'mesh2grid_gnn/decoder_nodes_grid_nodes_mlp/~/linear_3'.
+    # Not a KeyError from inside ('mesh2grid_gnn/decoder_nodes_grid_nodes_mlp/~/linear_3').
     with pytest.raises(ValueError, match=r"^hidden_layers=3 is invalid for params: their "
                        r"grid decoder \(mesh2grid_gnn/decoder_nodes_grid_nodes_mlp\) has 1 "
                        r"hidden layer\(s\), linear_0..linear_1$"):
         convert(params_13, TASK_13, 3)
-    # Was: IndexError (the decoder's hidden layer permuted as if it were the output).
+    # Not an IndexError (the decoder's hidden layer permuted as if it were the output).
     for bad in (0, -1, 1.0, True, "1"):
         with pytest.raises(ValueError, match=f"^hidden_layers={bad!r} is invalid: an "
                                              f"integer >= 1"):
@@ -77,7 +77,7 @@ def test_fewer_hidden_layers_than_the_params_have_are_named():
 
 
 def test_params_that_are_no_parameter_tree_are_named(params_13):
-    # Was: KeyError 'grid2mesh_gnn/encoder_nodes_grid_nodes_mlp/~/linear_0'.
+    # Not a KeyError from inside ('grid2mesh_gnn/encoder_nodes_grid_nodes_mlp/~/linear_0').
     with pytest.raises(ValueError, match="^params is invalid: no w of module 'grid2mesh_gnn/"
                                          "encoder_nodes_grid_nodes_mlp/~/linear_0'"):
         wd.params_to_gclab_channels({}, TASK_13, 1)
@@ -147,11 +147,23 @@ def test_synthetic_dataset_needs_the_frames_of_one_example():
 
 
 def test_read_checkpoint_names_a_path_of_the_wrong_kind(tmp_path):
-    # None and a list were os.stat's TypeError; an integer was taken for an open file
-    # descriptor ("3: cannot read it (Bad file descriptor)", or that file's bytes).
+    # Not os.stat's TypeError for None or a list; an integer must not be taken for an open
+    # file descriptor ("3: cannot read it (Bad file descriptor)", or that file's bytes).
     for bad in (None, 3, ["a.npz"]):
-        with pytest.raises(TypeError, match=rf"^path={re.escape(repr(bad))} is invalid: a str "
-                                            r"or os\.PathLike \(an \.npz file\)$"):
+        with pytest.raises(TypeError, match=rf"^path={re.escape(repr(bad))} is invalid: a str, "
+                                            r"bytes or os\.PathLike \(an \.npz file\)$"):
             read_checkpoint(bad)
     with pytest.raises(CheckpointError, match="no such file"):
         read_checkpoint(tmp_path / "absent.npz")
+
+
+def test_a_checkpoint_whose_paths_are_no_graphcast_modules_is_a_checkpoint_error():
+    # A key whose module path keeps a second '~_networks_builder/': the file's fault, named
+    # with the file (a CheckpointError, as every other malformed key), not a bare ValueError.
+    from gclab.weather.checkpoint import check_params
+
+    model, task = ModelConfig(resolution=10.0, mesh_splits=1, latent_size=8,
+                              processor_steps=1), TaskConfig()
+    params = {"grid2mesh_gnn/~_networks_builder/foo": {"w": np.zeros(2, np.float32)}}
+    with pytest.raises(CheckpointError, match=r"^ckpt\.npz: params: params is invalid: "):
+        check_params(params, model, task, "ckpt.npz")
