@@ -439,7 +439,7 @@ def _usable(usable: object, caller: str) -> int:
 
     Raises:
       TypeError: not a number (a size in words such as ``"8GiB"``, say).
-      ValueError: a number that is not finite and > 0 (nothing would fit it).
+      ValueError: a number that is not finite and >= 1 (nothing would fit below one byte).
     """
     if usable is None:
         return usable_here()
@@ -468,7 +468,7 @@ def run_if_fits(spec, label: str = "", *, graphs=None, usable: Optional[int] = N
 
     Raises:
       TypeError: `usable` not a number (a size in words such as ``"8GiB"``, say).
-      ValueError: `usable` not a finite number > 0.
+      ValueError: `usable` not a finite number >= 1.
     """
     from gclab.sizing import compile_train_step
 
@@ -635,7 +635,7 @@ def planned_and_measured(configs, *, plans=None, usable: Optional[int] = None,
     Raises:
       TypeError: `configs` not a mapping of labels to `StepSpec`s (a list, say, or
         `LiveConfig`s), or `usable` not a number.
-      ValueError: no configurations, `usable` not a finite number > 0, or `repeats` not
+      ValueError: no configurations, `usable` not a finite number >= 1, or `repeats` not
         an integer >= 1.
     """
     import jax
@@ -845,10 +845,9 @@ def guarded_grid(configs: Sequence[LiveConfig], *, usable: Optional[int] = None,
 
     Raises:
       TypeError: `configs` holding anything but `LiveConfig`s, or `usable` not a number.
-      ValueError: `repeats` not an integer >= 1, or `usable` not a finite number > 0.
+      ValueError: `repeats` not an integer >= 1, or `usable` not a finite number >= 1.
     """
     import gc
-    import math
 
     import pandas as pd
 

@@ -324,13 +324,13 @@ def _random_args(abstract_args, graphs: Graphs, seed: int):
     state_s, _, example_s = abstract_args
     rng = np.random.default_rng(seed)
 
+    def zeros(s):
+        return jax.device_put(np.zeros(s.shape, s.dtype))
+
     def fill(s):
         if jnp.issubdtype(s.dtype, jnp.floating):
             return jax.device_put((0.1 * rng.standard_normal(s.shape, np.float32)).astype(s.dtype))
-        return jax.device_put(np.zeros(s.shape, s.dtype))
-
-    def zeros(s):
-        return jax.device_put(np.zeros(s.shape, s.dtype))
+        return zeros(s)
 
     # Random parameters, and the optimizer state that `init` gives (zero moments and
     # counts): random second moments are negative, their square root NaN, and every step

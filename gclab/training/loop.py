@@ -107,10 +107,10 @@ def check_init_params(params, model: ModelConfig, task: TaskConfig) -> None:
     Raises:
       ValueError: a missing, unexpected or wrongly shaped parameter.
     """
-    want = param_shapes(model, task.data_channels, task.output_channels)
-    if not isinstance(params, Mapping):
+    if not isinstance(params, Mapping):  # before tracing the model for its shapes
         raise TypeError(f"init_params is invalid: a {{module: {{name: array}}}} mapping, "
                         f"not {a_kind(params)}")
+    want = param_shapes(model, task.data_channels, task.output_channels)
     mismatches = param_mismatches(params, want)
     if not mismatches:
         return
