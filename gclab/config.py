@@ -9,6 +9,12 @@ One frozen dataclass per concern:
 
 Every field is validated on construction; a bad value raises `ValueError` naming the
 field and what is allowed.
+
+The one rule for bad arguments, here and in every gclab module: a value of a kind that is
+not allowed raises `WrongType`, which is both a `TypeError` (as Python's own functions
+raise) and a `ValueError` (as every other bad argument raises), so that code catching
+either, the command line's one-line report included, catches it; any other bad value
+raises `ValueError`. Both name the argument and what is allowed, in one line.
 """
 
 from __future__ import annotations
@@ -93,6 +99,48 @@ def invalid(config: object, field: str, allowed: str) -> NoReturn:
     raise ConfigError(type(config).__name__, field, getattr(config, field), allowed)
 
 
+class WrongType(TypeError, ValueError):
+    """An argument or field of a kind that is not allowed (a str where a number goes, say).
+
+    A `TypeError` and a `ValueError` at once: see the module's docstring for why.
+    """
+
+
+def _shown(name: str, value: object) -> str:
+    """``name=<repr>`` for a short repr, else ``name`` (a params tree or an array, say)."""
+    text = repr(value)
+    return f"{name}={text}" if len(text) <= 80 and "\n" not in text else name
+
+
+def require_kind(name: str, value: object, kind: type | tuple, allowed: str = "",
+                 caller: str = "", optional: bool = False) -> Any:
+    """`value` if it is an instance of `kind` (or None, where `optional`).
+
+    Args:
+      name: the argument or field, as the message names it.
+      value: what was given.
+      kind: a class, or a tuple of classes.
+      allowed: what is allowed, in words; by default the classes' names ("a TaskConfig").
+      caller: a function's name, to start the message with (where given).
+      optional: None is allowed too.
+
+    Returns:
+      `value`.
+
+    Raises:
+      WrongType: ``"<caller> <name>=<value> is invalid: <allowed>, not <a_kind(value)>"``
+        otherwise (the value left out where its repr is long or spans lines).
+    """
+    if isinstance(value, kind) or optional and value is None:
+        return value
+    if not allowed:
+        kinds = kind if isinstance(kind, tuple) else (kind,)
+        names = [_article(k.__name__) for k in kinds] + (["None"] if optional else [])
+        allowed = " or ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
+    where = f"{caller} " if caller else ""
+    raise WrongType(f"{where}{_shown(name, value)} is invalid: {allowed}, not {a_kind(value)}")
+
+
 def is_int(v: object) -> bool:
     """An integer (Python or numpy), and not a bool."""
     return isinstance(v, numbers.Integral) and not isinstance(v, bool)
@@ -103,11 +151,13 @@ def require_count(name: str, value: object, least: int, caller: str = "") -> int
 
     Raises:
       ValueError: ``"<caller> <name>=<value> is invalid: an integer >= <least>"`` otherwise
-        (the caller, a function's name, only where given).
+        (the caller, a function's name, only where given); `WrongType` where `value` is no
+        integer at all.
     """
     if not is_int(value) or value < least:
         where = f"{caller} " if caller else ""
-        raise ValueError(f"{where}{name}={value!r} is invalid: an integer >= {least}")
+        error = ValueError if is_int(value) else WrongType
+        raise error(f"{where}{_shown(name, value)} is invalid: an integer >= {least}")
     return int(value)
 
 
@@ -130,7 +180,11 @@ def a_kind(value: object) -> str:
     """
     if value is None:
         return "None"
-    name = type(value).__name__
+    return _article(type(value).__name__)
+
+
+def _article(name: str) -> str:
+    """A class name with its article: ``"an int"``, ``"a uint8"``, ``"an ndarray"``."""
     low = name.lower()
     # "ndarray" is said en-dee-array; "uint8", "ufunc", "uuid" and "unicode..." start
     # with a "you".

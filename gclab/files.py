@@ -18,6 +18,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Optional, Union
 
+from gclab.config import a_kind
+
 PathLike = Union[str, os.PathLike]
 
 
@@ -109,8 +111,8 @@ def check_output_path(path: PathLike, suffixes: Optional[Sequence[str]] = None) 
         folder where no file can be created (the message says which).
     """
     if not isinstance(path, (str, os.PathLike)):
-        raise OutputPathError(str(path), f"a path must be a str or os.PathLike, not a "
-                              f"{type(path).__name__}")
+        raise OutputPathError(str(path), f"a path must be a str or os.PathLike, not "
+                              f"{a_kind(path)}")
     path = Path(path)
     if path.is_dir():
         raise OutputPathError(path, "is a directory, not a file")

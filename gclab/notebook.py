@@ -30,7 +30,15 @@ from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
 from gclab import devices
-from gclab.config import ModelConfig, TaskConfig, a_kind, is_number, require_count
+from gclab.config import (
+    ModelConfig,
+    TaskConfig,
+    WrongType,
+    a_kind,
+    is_number,
+    require_count,
+    require_kind,
+)
 from gclab.recordings import output_dir
 from gclab.recordings import recorded as _read_recording
 
@@ -328,9 +336,8 @@ def live_configs(chapter: str, scale: Scale) -> list[LiveConfig]:
       TypeError: `scale` not a `Scale` (a scale's name is not one: its models are read).
       ValueError: an unknown chapter.
     """
-    if not isinstance(scale, Scale):
-        raise TypeError(f"live_configs scale={scale!r} is invalid: a Scale (choose_scale() or "
-                        f"SCALE_TABLE[name], name one of {', '.join(SCALES)})")
+    require_kind("scale", scale, Scale, f"a Scale (choose_scale() or SCALE_TABLE[name], name "
+                 f"one of {', '.join(SCALES)})", "live_configs")
     from gclab.config import get_preset
     from gclab.geometry import graphs_for
     from gclab.memory import MemoryConfig, get_recipe, parse_remat_spec, scaled_edge_block
@@ -445,7 +452,7 @@ def _usable(usable: object, caller: str) -> int:
         return usable_here()
     allowed = "a finite number of bytes >= 1 (e.g. 8 * 2**30), or None for usable_here()"
     if not is_number(usable):
-        raise TypeError(f"{caller} usable={usable!r} is invalid: {allowed}")
+        raise WrongType(f"{caller} usable={usable!r} is invalid: {allowed}")
     if not 1 <= usable < math.inf:  # a fraction of a byte would be 0 bytes
         raise ValueError(f"{caller} usable={usable!r} is invalid: {allowed}")
     return int(usable)
@@ -645,13 +652,13 @@ def planned_and_measured(configs, *, plans=None, usable: Optional[int] = None,
     from gclab.sizing import StepSpec, train_step_memory
 
     if not isinstance(configs, Mapping):
-        raise TypeError(f"planned_and_measured configs is {a_kind(configs)}: it must "
+        raise WrongType(f"planned_and_measured configs is {a_kind(configs)}: it must "
                         "be a {label: StepSpec} mapping")
     if not configs:
         raise ValueError("planned_and_measured configs is empty: nothing to plan")
     wrong = [label for label, spec in configs.items() if not isinstance(spec, StepSpec)]
     if wrong:  # a LiveConfig, say: its StepSpec is its `spec`
-        raise TypeError(f"planned_and_measured configs[{wrong[0]!r}] is "
+        raise WrongType(f"planned_and_measured configs[{wrong[0]!r}] is "
                         f"{a_kind(configs[wrong[0]])}: each value must be a StepSpec")
     repeats = require_count("repeats", repeats, 1, "planned_and_measured")
     backend = jax.default_backend()
@@ -857,7 +864,7 @@ def guarded_grid(configs: Sequence[LiveConfig], *, usable: Optional[int] = None,
     repeats = require_count("repeats", repeats, 1)
     wrong = [c for c in configs if not isinstance(c, LiveConfig)]
     if wrong:  # a StepSpec, say (`run_if_fits` takes those): its label and guard are missing
-        raise TypeError(f"guarded_grid: configs are LiveConfigs (`live_configs(chapter, "
+        raise WrongType(f"guarded_grid: configs are LiveConfigs (`live_configs(chapter, "
                         f"scale)`), not {type(wrong[0]).__name__}")
     usable = _usable(usable, "guarded_grid")
     rows = []

@@ -90,7 +90,8 @@ def test_sizes_of_the_shapes_compiled_from_are_counts_and_configs_of_their_kind(
             example_shapes(*args)
     assert example_shapes(task, np.int64(10), 1, 2).targets.shape[:3] == (2, 10, 1)
     # A str model or task: not an AttributeError from inside ('str' object has no ...).
-    with pytest.raises(TypeError, match="^example_shapes task='13' is invalid: a TaskConfig$"):
+    with pytest.raises(TypeError,
+                       match="^example_shapes task='13' is invalid: a TaskConfig, not a str$"):
         example_shapes("13", 10, 1, 1)
     for args, words in (((ModelConfig(), "13"), "param_count task='13' is invalid"),
                         (("graphcast", task), "param_count model='graphcast' is invalid")):
@@ -109,3 +110,48 @@ def test_a_kind_names_the_type_with_its_article():
     for value, kind in ((3, "an int"), (None, "None")):
         with pytest.raises(ValueError, match=f"^graphs_for needs a ModelConfig, not {kind}$"):
             graphs_for(value)
+
+
+def test_a_wrong_kind_is_a_type_error_and_a_value_error():
+    """The one rule of `gclab.config`: a value of a kind that is not allowed raises an error
+    that is a TypeError (as Python's own functions raise) and a ValueError (as every other bad
+    argument raises, and as the command line catches to report in one line)."""
+    from gclab.config import ModelConfig, TaskConfig, require_count
+    from gclab.notebook import live_configs
+    from gclab.sizing import StepSpec
+    from gclab.training.data import SyntheticWeather
+    from gclab.training.losses import level_weights
+    from gclab.training.step import make_optimizer
+    from gclab.weather.checkpoint import read_checkpoint
+
+    task = TaskConfig()
+    for call in (lambda: level_weights("13"), lambda: make_optimizer(None),
+                 lambda: StepSpec("graphcast", task), lambda: SyntheticWeather(13, 10.0),
+                 lambda: read_checkpoint(3), lambda: live_configs("03", "cpu-4x32"),
+                 lambda: require_count("steps", "3", 1), lambda: require_count("steps", 2.0, 1),
+                 lambda: StepSpec(ModelConfig(), task, memory="lean")):
+        with pytest.raises(TypeError) as e:
+            call()
+        assert isinstance(e.value, ValueError), repr(e.value)
+    # A bad value of an allowed kind is no TypeError.
+    with pytest.raises(ValueError) as e:
+        require_count("steps", 0, 1)
+    assert not isinstance(e.value, TypeError)
+
+
+def test_require_kind_names_what_is_allowed_and_what_was_given():
+    from gclab.config import ModelConfig, TaskConfig, WrongType, require_kind
+
+    task = TaskConfig()
+    assert require_kind("task", task, TaskConfig) is task
+    assert require_kind("memory", None, ModelConfig, optional=True) is None
+    with pytest.raises(WrongType, match="^f task=3 is invalid: a TaskConfig, not an int$"):
+        require_kind("task", 3, TaskConfig, caller="f")
+    with pytest.raises(WrongType, match="^m=3 is invalid: a ModelConfig, a TaskConfig or None, "
+                                        "not an int$"):
+        require_kind("m", 3, (ModelConfig, TaskConfig), optional=True)
+    with pytest.raises(WrongType, match="^x=3 is invalid: a mapping, not an int$"):
+        require_kind("x", 3, dict, "a mapping")
+    # A long repr (an array, a parameter tree) is left out: the message stays one line.
+    with pytest.raises(WrongType, match="^x is invalid: a TaskConfig, not an ndarray$"):
+        require_kind("x", np.zeros((100, 100)), TaskConfig)

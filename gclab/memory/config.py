@@ -62,7 +62,7 @@ class MemoryConfig:
         of embedding each grid node once more per outgoing grid2mesh edge.
       precision: `f32` or `bf16` (bfloat16 activations, float32 parameters and gradients).
         Roughly halves what the backward pass keeps; gradients change by bfloat16
-        rounding (within the tolerances of `tests/test_techniques.py`).
+        rounding (within the tolerances of `tests/memory/test_techniques.py`).
       recompute_layer_norm: every float32 LayerNorm keeps only its input for the backward
         pass and recomputes its statistics there, as a bfloat16 one always does (off:
         differentiated as written, as Haiku's LayerNorm in the official code is).

@@ -30,7 +30,13 @@ import jax.numpy as jnp
 import numpy as np
 from jax.ad_checkpoint import checkpoint_name
 
-from gclab.config import STRUCTURAL_EDGE_FEATURES, STRUCTURAL_NODE_FEATURES, ModelConfig, a_kind
+from gclab.config import (
+    STRUCTURAL_EDGE_FEATURES,
+    STRUCTURAL_NODE_FEATURES,
+    ModelConfig,
+    WrongType,
+    require_kind,
+)
 from gclab.memory.blocks import (
     balanced_block,
     blocked_edge_update,
@@ -640,16 +646,12 @@ def make_network(model: ModelConfig, data_channels: int, output_channels: int,
             raise ValueError(f"{name}={v!r} is invalid: an integer >= 1.")
     # Checked here: the transform reads them only in `init` or `apply`, where a wrong kind
     # is an attribute error of some inner line.
-    if not isinstance(model, ModelConfig):
-        raise TypeError(f"model={model!r} is invalid: a ModelConfig")
-    if memory is not None and not isinstance(memory, MemoryConfig):
-        raise TypeError(f"memory={memory!r} is invalid: a MemoryConfig or None")
+    require_kind("model", model, ModelConfig)
+    require_kind("memory", memory, MemoryConfig, optional=True)
     mem = memory or MemoryConfig()
 
     def forward(graph: GraphInputs, inputs: Array) -> Array:
-        if not isinstance(graph, GraphInputs):
-            raise TypeError(f"graph is invalid: a GraphInputs (`gclab.model.graph_inputs`), "
-                            f"not {a_kind(graph)}")
+        require_kind("graph", graph, GraphInputs, "a GraphInputs (`gclab.model.graph_inputs`)")
         if inputs.ndim != 3 or inputs.shape[-1] != data_channels:
             raise ValueError(f"inputs must have shape [Ng, B, {data_channels}], "
                              f"got {tuple(inputs.shape)}")
@@ -709,7 +711,7 @@ def count_params(params) -> int:
     leaves = jax.tree_util.tree_leaves(params)
     for leaf in leaves:
         if not hasattr(leaf, "shape"):
-            raise TypeError(f"params is invalid: a tree of arrays (it has a leaf of type "
+            raise WrongType(f"params is invalid: a tree of arrays (it has a leaf of type "
                             f"{type(leaf).__name__})")
     return int(sum(np.prod(a.shape) for a in leaves))
 
@@ -764,9 +766,7 @@ def param_mismatches(params: Mapping, expected: Mapping) -> list[ParamMismatch]:
       TypeError: `params` or `expected` is not a `{module: {name: array}}` mapping.
     """
     for name, tree in (("params", params), ("expected", expected)):
-        if not isinstance(tree, Mapping):
-            raise TypeError(f"param_mismatches {name} is invalid: a {{module: {{name: array}}}} "
-                            f"mapping, not {a_kind(tree)}")
+        require_kind(name, tree, Mapping, "a {module: {name: array}} mapping", "param_mismatches")
 
     def leaves(tree: Mapping, module: str) -> Mapping:
         value = tree[module]

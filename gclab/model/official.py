@@ -17,7 +17,7 @@ from typing import Mapping
 
 import numpy as np
 
-from gclab.config import a_kind
+from gclab.config import WrongType, a_kind, require_kind
 
 BUILDER = "~_networks_builder/"
 _STEP = re.compile(r"^mesh_gnn/processor_(edges|nodes)_(\d+)_(mesh|mesh_nodes)_(mlp|layer_norm)"
@@ -88,9 +88,7 @@ def to_official(params: Mapping[str, Mapping[str, np.ndarray]]) -> dict:
         official one), or a processor module without parameters or whose parameters lack
         a common leading step axis.
     """
-    if not isinstance(params, Mapping):
-        raise TypeError(f"params is invalid: a {{module: {{name: array}}}} mapping, not "
-                        f"{a_kind(params)}")
+    require_kind("params", params, Mapping, "a {module: {name: array}} mapping")
     out: dict = {}
     for module, leaves in params.items():
         if not isinstance(module, str) or not module.startswith(_GNNS) or BUILDER in module:
@@ -98,7 +96,7 @@ def to_official(params: Mapping[str, Mapping[str, np.ndarray]]) -> dict:
                              f"GraphCast tree (grid2mesh_gnn/..., mesh_gnn/... or "
                              f"mesh2grid_gnn/..., without {BUILDER!r})")
         if not isinstance(leaves, Mapping):
-            raise TypeError(f"params is invalid: {module} is {a_kind(leaves)}, not a "
+            raise WrongType(f"params is invalid: {module} is {a_kind(leaves)}, not a "
                             f"{{name: array}} mapping")
         m = re.match(r"^mesh_gnn/processor_(edges|nodes)_(mesh|mesh_nodes)_(mlp|layer_norm)"
                      r"(/~/linear_\d+)?$", module)

@@ -15,7 +15,7 @@ from typing import Optional
 
 import jax
 
-from gclab.config import is_int
+from gclab.config import WrongType, is_int
 
 # Environment variables read when no option is given (the usual names of multi-process
 # launchers that do not set up JAX's own cluster detection).
@@ -43,7 +43,7 @@ def use_cpu_devices(n: int) -> None:
     # Checked before touching JAX's config: JAX accepts 0 or a negative count, and then no
     # CPU backend can start in this process ("Unable to initialize backend 'cpu'").
     if not is_int(n):
-        raise TypeError(f"use_cpu_devices n={n!r} is invalid: an integer in "
+        raise WrongType(f"use_cpu_devices n={n!r} is invalid: an integer in "
                         f"1..{MAX_CPU_DEVICES}")
     n = int(n)
     if n < 1:

@@ -60,6 +60,7 @@ from gclab.config import (
     TaskConfig,
     a_kind,
     is_int,
+    require_kind,
 )
 from gclab.geometry.graphs import graphs_for
 from gclab.measure.compiled import compiled_memory
@@ -199,8 +200,7 @@ def param_count(model: ModelConfig, task: TaskConfig) -> int:
       TypeError: `model` is not a `ModelConfig` or `task` not a `TaskConfig`.
     """
     for name, value, kind in (("model", model, ModelConfig), ("task", task, TaskConfig)):
-        if not isinstance(value, kind):
-            raise TypeError(f"param_count {name}={value!r} is invalid: a {kind.__name__}")
+        require_kind(name, value, kind, caller="param_count")
     L, H, S = model.latent_size, model.hidden_layers, model.processor_steps
     F, O, e = task.input_channels, task.output_channels, STRUCTURAL_EDGE_FEATURES
 

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from gclab import training
-from gclab.config import MAX_INT32, ModelConfig, TaskConfig, a_kind, is_int
+from gclab.config import MAX_INT32, ModelConfig, TaskConfig, a_kind, is_int, require_kind
 from gclab.devices import usable_bytes
 from gclab.geometry.graphs import Graphs, graphs_for
 from gclab.limits import MAX_PLANNED_BYTES, host_memory_bytes, require_fits
@@ -62,10 +62,7 @@ class StepSpec:
     def __post_init__(self) -> None:
         for field, kind in (("model", ModelConfig), ("task", TaskConfig),
                             ("memory", MemoryConfig)):
-            v = getattr(self, field)
-            if not isinstance(v, kind):
-                raise ValueError(f"StepSpec.{field} is invalid: a {kind.__name__}, not "
-                                 f"{a_kind(v)}.")
+            require_kind(f"StepSpec.{field}", getattr(self, field), kind)
         for field in ("batch", "rollout"):
             v = getattr(self, field)
             if not is_int(v) or not 1 <= v <= MAX_INT32:

@@ -46,8 +46,8 @@ from gclab.config import (
     SURFACE_VARIABLES,
     ModelConfig,
     TaskConfig,
-    a_kind,
     is_int,
+    require_kind,
 )
 from gclab.limits import host_memory_bytes, require_fits
 from gclab.training.examples import Example, input_variable_channels, residual_channels
@@ -246,9 +246,7 @@ class SyntheticWeather:
 
     def __init__(self, task: TaskConfig, resolution: float, seed: int = 0,
                  basis: int = 24) -> None:
-        if not isinstance(task, TaskConfig):
-            raise ValueError(f"SyntheticWeather.task is invalid: a TaskConfig, not "
-                             f"{a_kind(task)}.")
+        require_kind("SyntheticWeather.task", task, TaskConfig)
         try:
             model = ModelConfig(resolution=resolution)
         except ValueError as e:

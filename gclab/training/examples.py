@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gclab.config import NUM_FORCINGS, TaskConfig, require_count
+from gclab.config import NUM_FORCINGS, TaskConfig, require_count, require_kind
 
 
 class Example(NamedTuple):
@@ -50,8 +50,7 @@ def example_shapes(task: TaskConfig, num_grid_nodes: int, batch: int,
       TypeError: `task` is not a `TaskConfig`.
       ValueError: a size that is not an integer >= 1.
     """
-    if not isinstance(task, TaskConfig):
-        raise TypeError(f"example_shapes task={task!r} is invalid: a TaskConfig")
+    require_kind("task", task, TaskConfig, caller="example_shapes")
     num_grid_nodes, batch, rollout = (
         require_count(name, value, 1, "example_shapes") for name, value in
         (("num_grid_nodes", num_grid_nodes), ("batch", batch), ("rollout", rollout)))

@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
-from gclab.config import ModelConfig, TaskConfig, a_kind, require_count
+from gclab.config import ModelConfig, TaskConfig, WrongType, require_count, require_kind
 from gclab.geometry.graphs import graphs_for
 from gclab.memory.config import MemoryConfig
 from gclab.model.graphcast import graph_inputs, make_network, param_mismatches, param_shapes
@@ -88,12 +88,10 @@ def _check_train_arguments(model, task, steps, memory, parallel, weather,
                                         ("task", task, TaskConfig, False),
                                         ("memory", memory, MemoryConfig, True),
                                         ("parallel", parallel, ParallelConfig, True)):
-        if not (isinstance(value, kind) or optional and value is None):
-            raise TypeError(f"{name}={value!r} is invalid: a {kind.__name__}"
-                            + (" or None" if optional else ""))
+        require_kind(name, value, kind, optional=optional)
     if weather is not None and not all(callable(getattr(weather, m, None))
                                        for m in ("normalization", "make_batch")):
-        raise TypeError(f"weather={weather!r} is invalid: None, or an object with "
+        raise WrongType(f"weather={weather!r} is invalid: None, or an object with "
                         "normalization() and make_batch(batch, rollout, start)")
     require_count("steps", steps, 1)
     require_count("schedule_steps", schedule_steps, 1)
@@ -107,9 +105,8 @@ def check_init_params(params, model: ModelConfig, task: TaskConfig) -> None:
     Raises:
       ValueError: a missing, unexpected or wrongly shaped parameter.
     """
-    if not isinstance(params, Mapping):  # before tracing the model for its shapes
-        raise TypeError(f"init_params is invalid: a {{module: {{name: array}}}} mapping, "
-                        f"not {a_kind(params)}")
+    # Before tracing the model for its shapes.
+    require_kind("init_params", params, Mapping, "a {module: {name: array}} mapping")
     want = param_shapes(model, task.data_channels, task.output_channels)
     mismatches = param_mismatches(params, want)
     if not mismatches:

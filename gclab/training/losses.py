@@ -26,7 +26,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gclab.config import ATMOSPHERIC_VARIABLES, SURFACE_VARIABLES, TaskConfig
+from gclab.config import (
+    ATMOSPHERIC_VARIABLES,
+    SURFACE_VARIABLES,
+    TaskConfig,
+    require_kind,
+)
 
 VARIABLE_WEIGHTS = {
     "2m_temperature": 1.0,
@@ -67,18 +72,13 @@ def latitude_weights(grid_lat) -> np.ndarray:
     return (w / w.mean()).astype(np.float32)
 
 
-def _require_task(task: TaskConfig) -> None:
-    if not isinstance(task, TaskConfig):
-        raise TypeError(f"task={task!r} is invalid: a TaskConfig")
-
-
 def level_weights(task: TaskConfig) -> np.ndarray:
     """Pressure-level weights [levels]: level / mean level (mean 1).
 
     Raises:
       TypeError: `task` is not a `TaskConfig`.
     """
-    _require_task(task)
+    require_kind("task", task, TaskConfig)
     levels = np.asarray(task.pressure_levels, np.float64)
     return (levels / levels.mean()).astype(np.float32)
 
@@ -98,7 +98,7 @@ def channel_weights(task: TaskConfig) -> np.ndarray:
     Raises:
       TypeError: `task` is not a `TaskConfig`.
     """
-    _require_task(task)
+    require_kind("task", task, TaskConfig)
     per_level = level_weights(task).astype(np.float64) / task.num_levels  # [levels]
     w = [variable_weight(v) for v in SURFACE_VARIABLES]
     for var in ATMOSPHERIC_VARIABLES:

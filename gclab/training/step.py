@@ -37,7 +37,14 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from gclab.config import NUM_FORCINGS, TaskConfig, invalid, is_int, is_number
+from gclab.config import (
+    NUM_FORCINGS,
+    TaskConfig,
+    invalid,
+    is_int,
+    is_number,
+    require_kind,
+)
 from gclab.memory.config import MemoryConfig
 from gclab.training.examples import Example, input_variable_channels, residual_channels
 from gclab.training.losses import weighted_mse
@@ -97,8 +104,7 @@ def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformation:
     Raises:
       TypeError: `cfg` is not a `TrainConfig`.
     """
-    if not isinstance(cfg, TrainConfig):
-        raise TypeError(f"cfg={cfg!r} is invalid: a TrainConfig")
+    require_kind("cfg", cfg, TrainConfig)
     schedule = optax.warmup_cosine_decay_schedule(
         0.0, cfg.peak_learning_rate, cfg.warmup_steps, cfg.total_steps, cfg.end_learning_rate)
     adamw = optax.adamw(schedule, b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay)

@@ -35,6 +35,7 @@ from gclab.config import (
     SURFACE_VARIABLES,
     ModelConfig,
     TaskConfig,
+    require_kind,
 )
 from gclab.files import atomic_path
 from gclab.limits import TooLarge
@@ -331,9 +332,8 @@ def read_flat(path: PathLike) -> dict:
         damaged or truncated (a damaged `.npy` header or deflate stream included: the
         message names the member), needs pickle, or would not fit in memory.
     """
-    if not isinstance(path, (str, bytes, os.PathLike)):
-        raise TypeError(f"path={path!r} is invalid: a str, bytes or os.PathLike (an .npz "
-                        f"file)")
+    require_kind("path", path, (str, bytes, os.PathLike),
+                 "a str, bytes or os.PathLike (an .npz file)")
     if os.path.isdir(path):
         raise CheckpointError(f"{path}: not a checkpoint (a folder, not an .npz file)")
     try:

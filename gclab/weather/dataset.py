@@ -43,9 +43,9 @@ from gclab.config import (
     STRUCTURAL_NODE_FEATURES,
     SURFACE_VARIABLES,
     TaskConfig,
-    a_kind,
     is_int,
     require_count,
+    require_kind,
 )
 from gclab.training.data import (
     DAYS_PER_YEAR,
@@ -197,14 +197,11 @@ def _check_channel_params(params, task, hidden_layers) -> None:
       ValueError: `hidden_layers` not an integer >= 1 or not the params' count, `params`
         lacking a layer, or `task` with other channels than `params`.
     """
-    if not isinstance(task, TaskConfig):
-        raise TypeError(f"task={task!r} is invalid: a TaskConfig")
+    require_kind("task", task, TaskConfig)
     if not is_int(hidden_layers) or hidden_layers < 1:
         raise ValueError(f"hidden_layers={hidden_layers!r} is invalid: an integer >= 1 "
                          f"(1 in every published model)")
-    if not isinstance(params, Mapping):
-        raise TypeError(f"params is invalid: a {{module: {{name: array}}}} mapping, not "
-                        f"{a_kind(params)}")
+    require_kind("params", params, Mapping, "a {module: {name: array}} mapping")
     layers = sorted(int(m[len(DECODER):]) for m in params
                     if isinstance(m, str) and m.startswith(DECODER)
                     and m[len(DECODER):].isdigit())
@@ -720,8 +717,7 @@ def raw_example(ds, task: TaskConfig, start: int = 0, rollout: int = 1,
         is not the task's pressure levels, in its order (`check_dataset` selects them);
         a damaged chunk or a value that is not finite.
     """
-    if not isinstance(task, TaskConfig):
-        raise TypeError(f"task={task!r} is invalid: a TaskConfig")
+    require_kind("task", task, TaskConfig)
     start, rollout = require_count("start", start, 0), require_count("rollout", rollout, 1)
     where = _source(ds)
     # Levels are read in the dataset's order: any other set or order than the task's

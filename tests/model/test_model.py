@@ -133,7 +133,7 @@ def test_bad_inputs_give_clear_errors(tiny):
         make_network("cpu-4x32", 3, 3)
     with pytest.raises(TypeError, match="memory='lean' is invalid: a MemoryConfig or None"):
         make_network(ModelConfig(), 3, 3, memory="lean")
-    with pytest.raises(TypeError, match="graph is invalid: a GraphInputs"):
+    with pytest.raises(TypeError, match="graph=None is invalid: a GraphInputs"):
         net.apply(params, None, inputs)
 
 
@@ -194,7 +194,7 @@ def test_count_params_names_a_tree_of_the_wrong_kind():
 
 
 def test_param_mismatches_names_a_tree_that_is_no_mapping():
-    for args, name in ((("abc", {}), "params"), (({}, None), "expected")):
+    for args, name in ((("abc", {}), "params='abc'"), (({}, None), "expected=None")):
         with pytest.raises(TypeError, match=f"^param_mismatches {name} is invalid: a "):
             param_mismatches(*args)
 
@@ -214,8 +214,8 @@ def test_to_official_names_a_tree_that_is_not_gclabs():
         with pytest.raises(ValueError, match=f"^params is invalid: {stacked} is stacked over "
                                              f"the processor steps: .* got shapes {shapes}$"):
             params_lib.to_official({stacked: leaves})
-    with pytest.raises(TypeError, match="^params is invalid: a {module: {name: array}} "
-                                        "mapping, not a str$"):
+    with pytest.raises(TypeError, match="^params='params' is invalid: a {module: {name: "
+                                        "array}} mapping, not a str$"):
         params_lib.to_official("params")
     with pytest.raises(TypeError, match="^params is invalid: grid2mesh_gnn/x is an int, not a "
                                         r"{name: array} mapping$"):

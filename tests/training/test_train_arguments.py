@@ -95,9 +95,9 @@ def test_the_loss_weights_name_a_task_of_the_wrong_kind():
     # Not an AttributeError from inside ('str' object has no attribute 'pressure_levels').
     grid_lat = np.linspace(-90.0, 90.0, 7)
     for weights in (losses.level_weights, losses.channel_weights):
-        with pytest.raises(TypeError, match="^task='13' is invalid: a TaskConfig$"):
+        with pytest.raises(TypeError, match="^task='13' is invalid: a TaskConfig, not a str$"):
             weights("13")
-    with pytest.raises(TypeError, match="^task=None is invalid: a TaskConfig$"):
+    with pytest.raises(TypeError, match="^task=None is invalid: a TaskConfig, not None$"):
         losses.loss_weights(None, grid_lat, 4)
     node_w, chan_w = losses.loss_weights(TASK, grid_lat, 4)
     assert node_w.shape == (28,) and chan_w.shape == (TASK.output_channels,)
@@ -105,8 +105,8 @@ def test_the_loss_weights_name_a_task_of_the_wrong_kind():
 
 def test_make_optimizer_names_a_config_of_the_wrong_kind():
     # Not an AttributeError from inside ('str' object has no attribute 'peak_learning_rate').
-    for bad in ("adamw", None):
-        with pytest.raises(TypeError, match=f"^cfg={bad!r} is invalid: a TrainConfig$"):
+    for bad, kind in (("adamw", "a str"), (None, "None")):
+        with pytest.raises(TypeError, match=f"^cfg={bad!r} is invalid: a TrainConfig, not {kind}$"):
             make_optimizer(bad)
     assert isinstance(make_optimizer(TrainConfig()), optax.GradientTransformation)
 

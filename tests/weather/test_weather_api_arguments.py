@@ -85,7 +85,7 @@ def test_params_that_are_no_parameter_tree_are_named(params_13):
     no_bias = {m: ({"w": v["w"]} if m == last else v) for m, v in params_13.items()}
     with pytest.raises(ValueError, match=f"^params is invalid: no w/b of module '{last}'"):
         wd.params_to_gclab_channels(no_bias, TASK_13, 1)
-    with pytest.raises(TypeError, match="^params is invalid: a {module: {name: array}} "
+    with pytest.raises(TypeError, match=r"^params=\[\] is invalid: a {module: {name: array}} "
                                         "mapping, not a list"):
         wd.params_to_gclab_channels([], TASK_13, 1)
     with pytest.raises(TypeError, match="^task=13 is invalid: a TaskConfig"):
@@ -149,9 +149,10 @@ def test_synthetic_dataset_needs_the_frames_of_one_example():
 def test_read_checkpoint_names_a_path_of_the_wrong_kind(tmp_path):
     # Not os.stat's TypeError for None or a list; an integer must not be taken for an open
     # file descriptor ("3: cannot read it (Bad file descriptor)", or that file's bytes).
-    for bad in (None, 3, ["a.npz"]):
+    for bad, kind in ((None, "None"), (3, "an int"), (["a.npz"], "a list")):
         with pytest.raises(TypeError, match=rf"^path={re.escape(repr(bad))} is invalid: a str, "
-                                            r"bytes or os\.PathLike \(an \.npz file\)$"):
+                                            r"bytes or os\.PathLike \(an \.npz file\), "
+                                            rf"not {kind}$"):
             read_checkpoint(bad)
     with pytest.raises(CheckpointError, match="no such file"):
         read_checkpoint(tmp_path / "absent.npz")
