@@ -155,3 +155,90 @@ def test_require_kind_names_what_is_allowed_and_what_was_given():
     # A long repr (an array, a parameter tree) is left out: the message stays one line.
     with pytest.raises(WrongType, match="^x is invalid: a TaskConfig, not an ndarray$"):
         require_kind("x", np.zeros((100, 100)), TaskConfig)
+
+
+@pytest.fixture
+def _no_process_env(monkeypatch):
+    """No JAX_* process variables from the caller's shell, and `jax` untouchable."""
+    for name in (processes.COORDINATOR_ENV, processes.NUM_PROCESSES_ENV,
+                 processes.PROCESS_ID_ENV):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(processes, "jax", _Untouchable())
+    return monkeypatch
+
+
+@pytest.mark.parametrize("name,text,words", [
+    ("JAX_NUM_PROCESSES", "two", "JAX_NUM_PROCESSES='two' is invalid: an integer >= 1"),
+    ("JAX_NUM_PROCESSES", "0", "JAX_NUM_PROCESSES='0' is invalid: an integer >= 1"),
+    ("JAX_NUM_PROCESSES", "2.5", "JAX_NUM_PROCESSES='2.5' is invalid: an integer >= 1"),
+    ("JAX_PROCESS_ID", "-1", "JAX_PROCESS_ID='-1' is invalid: an integer >= 0"),
+    ("JAX_PROCESS_ID", "first", "JAX_PROCESS_ID='first' is invalid: an integer >= 0"),
+], ids=repr)
+def test_initialize_processes_names_a_bad_environment_variable(name, text, words,
+                                                               _no_process_env):
+    _no_process_env.setenv(processes.COORDINATOR_ENV, "127.0.0.1:1")
+    _no_process_env.setenv(processes.NUM_PROCESSES_ENV, "2")
+    _no_process_env.setenv(processes.PROCESS_ID_ENV, "0")
+    _no_process_env.setenv(name, text)
+    with pytest.raises(ValueError) as e:
+        processes.initialize_processes()
+    assert str(e.value) == words
+
+
+@pytest.mark.parametrize("kwargs,error,words", [
+    (dict(num_processes="2"), TypeError,
+     "initialize_processes num_processes='2' is invalid: an integer >= 1"),
+    (dict(num_processes=2.5), TypeError,
+     "initialize_processes num_processes=2.5 is invalid: an integer >= 1"),
+    (dict(num_processes=0), ValueError,
+     "initialize_processes num_processes=0 is invalid: an integer >= 1"),
+    (dict(process_id=0.5), TypeError,
+     "initialize_processes process_id=0.5 is invalid: an integer >= 0"),
+    (dict(process_id=True), TypeError,
+     "initialize_processes process_id=True is invalid: an integer >= 0"),
+    (dict(process_id=-1), ValueError,
+     "initialize_processes process_id=-1 is invalid: an integer >= 0"),
+    (dict(process_id=2), ValueError,
+     "process_id=2 is invalid: an integer in 0..1 (num_processes=2)"),
+    (dict(process_id=np.int64(3)), ValueError,
+     "process_id=3 is invalid: an integer in 0..1 (num_processes=2)"),
+    (dict(coordinator=1234), TypeError,
+     "initialize_processes coordinator=1234 is invalid: a str HOST:PORT, not an int"),
+], ids=repr)
+def test_initialize_processes_refuses_bad_arguments_before_touching_jax(kwargs, error, words,
+                                                                        _no_process_env):
+    args = dict(coordinator="127.0.0.1:1", num_processes=2, process_id=0)
+    args.update(kwargs)
+    with pytest.raises(error) as e:
+        processes.initialize_processes(**args)
+    assert str(e.value) == words
+
+
+def test_initialize_processes_names_the_variable_an_id_out_of_range_came_from(_no_process_env):
+    _no_process_env.setenv(processes.PROCESS_ID_ENV, "2")
+    with pytest.raises(ValueError) as e:
+        processes.initialize_processes("127.0.0.1:1", num_processes=2)
+    assert str(e.value) == "JAX_PROCESS_ID=2 is invalid: an integer in 0..1 (num_processes=2)"
+    # A count of the wrong kind is refused even where there is no coordinator to join.
+    with pytest.raises(TypeError, match="num_processes='2' is invalid"):
+        processes.initialize_processes(None, num_processes="2")
+
+
+def test_initialize_processes_passes_numpy_counts_and_variables_as_ints(monkeypatch):
+    calls = []
+
+    class _Jax:  # records the call instead of joining a run
+        class distributed:
+            initialize = staticmethod(lambda **kwargs: calls.append(kwargs))
+
+    monkeypatch.setattr(processes, "jax", _Jax)
+    monkeypatch.delenv(processes.COORDINATOR_ENV, raising=False)
+    monkeypatch.delenv(processes.NUM_PROCESSES_ENV, raising=False)
+    monkeypatch.delenv(processes.PROCESS_ID_ENV, raising=False)
+    assert processes.initialize_processes("127.0.0.1:1", np.int64(2), np.int32(1))
+    monkeypatch.setenv(processes.NUM_PROCESSES_ENV, " 4 ")
+    monkeypatch.setenv(processes.PROCESS_ID_ENV, "3")
+    assert processes.initialize_processes("127.0.0.1:1")
+    assert [(c["num_processes"], c["process_id"]) for c in calls] == [(2, 1), (4, 3)]
+    assert all(type(c["num_processes"]) is int and type(c["process_id"]) is int
+               for c in calls)

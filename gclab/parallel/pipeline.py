@@ -125,8 +125,22 @@ def gpipe(stages: Sequence[Callable], params: Any, xs: Any, state: Any,
 
     Returns:
       The last stage's outputs, each leaf `[M, ...]` (micro-batch m at index m).
+
+    Raises:
+      ValueError: no stage, `microbatches` not an integer >= 1, or a leaf of `xs` whose
+        leading dimension is not `microbatches` (stage 0 reads micro-batch
+        min(t, M - 1) at tick t, so a mismatch would silently drop or repeat
+        micro-batches). Checked on static shapes while tracing: nothing waits on a device.
     """
-    P, M = len(stages), microbatches
+    M = require_count("microbatches", microbatches, 1, "gpipe")
+    if len(stages) == 0:
+        raise ValueError(f"gpipe stages={stages!r} is invalid: at least one stage function")
+    for path, leaf in jax.tree_util.tree_leaves_with_path(xs):
+        shape = tuple(jnp.shape(leaf))
+        if not shape or shape[0] != M:
+            raise ValueError(f"gpipe xs{jax.tree_util.keystr(path)} of shape {shape} is "
+                             f"invalid: every leaf of xs is [microbatches, ...] = [{M}, ...]")
+    P = len(stages)
     ticks = M + P - 1
     forward = [(i, i + 1) for i in range(P - 1)]  # stage s sends to stage s + 1
 

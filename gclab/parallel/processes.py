@@ -15,7 +15,7 @@ from typing import Optional
 
 import jax
 
-from gclab.config import WrongType, is_int
+from gclab.config import WrongType, is_int, require_count, require_kind
 
 # Environment variables read when no option is given (the usual names of multi-process
 # launchers that do not set up JAX's own cluster detection).
@@ -84,26 +84,55 @@ def initialize_processes(coordinator: Optional[str] = None,
       nothing to join (no coordinator given).
 
     Raises:
-      ValueError: a coordinator without a process count and id, an id out of range, or a
-        timeout that is not a positive integer.
+      ValueError: a coordinator without a process count and id, a process count that is
+        not an integer >= 1, an id that is not an integer in 0..num_processes - 1 (as an
+        argument or as its environment variable), or a timeout that is not a positive
+        integer. All are checked before JAX is touched.
+      TypeError: an argument of the wrong kind (`WrongType`, a ValueError too).
     """
+    caller = "initialize_processes"
+    # Checked before the environment is read and JAX is touched: a count or id of the wrong
+    # kind would otherwise reach `jax.distributed.initialize`, which fails far from here.
+    require_kind("coordinator", coordinator, str, "a str HOST:PORT", caller, optional=True)
+    count_name, id_name = "num_processes", "process_id"
+    if num_processes is not None:
+        num_processes = require_count(count_name, num_processes, 1, caller)
+    if process_id is not None:
+        process_id = require_count(id_name, process_id, 0, caller)
     coordinator = coordinator or os.environ.get(COORDINATOR_ENV)
-    if num_processes is None and os.environ.get(NUM_PROCESSES_ENV):
-        num_processes = int(os.environ[NUM_PROCESSES_ENV])
-    if process_id is None and os.environ.get(PROCESS_ID_ENV):
-        process_id = int(os.environ[PROCESS_ID_ENV])
+    if num_processes is None:
+        num_processes, count_name = _env_count(NUM_PROCESSES_ENV, 1), NUM_PROCESSES_ENV
+    if process_id is None:
+        process_id, id_name = _env_count(PROCESS_ID_ENV, 0), PROCESS_ID_ENV
+    if num_processes is not None and process_id is not None and process_id >= num_processes:
+        raise ValueError(f"{id_name}={process_id} is invalid: an integer in "
+                         f"0..{num_processes - 1} ({count_name}={num_processes})")
     if coordinator is None:
         if num_processes not in (None, 1):
             raise ValueError(f"{num_processes} processes need a coordinator address HOST:PORT")
         return False
     if num_processes is None or process_id is None:
         raise ValueError("a coordinator needs the number of processes and this process's id")
-    if num_processes < 1 or not 0 <= process_id < num_processes:
-        raise ValueError(f"process id {process_id} is invalid: an integer in "
-                         f"0..{num_processes - 1}")
     # A hand check rather than `require_count`, to keep the unit in the message.
     if not is_int(timeout) or timeout < 1:
         raise ValueError(f"timeout={timeout!r} is invalid: an integer >= 1 (seconds)")
     jax.distributed.initialize(coordinator_address=coordinator, num_processes=num_processes,
                                process_id=process_id, initialization_timeout=int(timeout))
     return num_processes > 1
+
+
+def _env_count(name: str, least: int) -> Optional[int]:
+    """The integer >= `least` that environment variable `name` holds; None where it is unset
+    or empty.
+
+    Raises:
+      ValueError: ``"<name>=<text> is invalid: an integer >= <least>"`` where it holds
+        anything else (the message names the variable, which no argument shows).
+    """
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return None
+    # Decimal digits only: `int` would take "+2", "2_0" or non-ASCII digits.
+    if not (text.isascii() and text.isdecimal()) or int(text) < least:
+        raise ValueError(f"{name}={text!r} is invalid: an integer >= {least}")
+    return int(text)

@@ -58,6 +58,7 @@ from gclab.config import (
     STRUCTURAL_EDGE_FEATURES,
     ModelConfig,
     TaskConfig,
+    WrongType,
     a_kind,
     is_int,
     require_kind,
@@ -421,13 +422,12 @@ def check_step_arguments(model: Any, task: Any, memory: Any, batch: Any, rollout
     """
     for name, value, kind in (("model", model, ModelConfig), ("task", task, TaskConfig),
                               ("memory", memory, MemoryConfig)):
-        if not isinstance(value, kind):
-            raise ValueError(f"{caller}: {name} must be a {kind.__name__}, not "
-                             f"{a_kind(value)}")
+        require_kind(name, value, kind, caller=f"{caller}:")
     for name, value in (("batch", batch), ("rollout", rollout)):
         if not is_int(value) or not 1 <= value <= MAX_INT32:
-            raise ValueError(f"{caller}: {name}={value!r} is invalid: an integer >= 1 "
-                             f"(and <= {MAX_INT32})")
+            error = ValueError if is_int(value) else WrongType
+            raise error(f"{caller}: {name}={value!r} is invalid: an integer >= 1 "
+                        f"(and <= {MAX_INT32})")
     if batch % memory.microbatches:
         raise ValueError(f"{caller}: batch={batch} is invalid: it must be a multiple of "
                          f"MemoryConfig.microbatches={memory.microbatches}")

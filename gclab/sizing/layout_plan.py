@@ -6,8 +6,7 @@ named recipe, and for every data x pipeline layout (`gclab.parallel.pipeline_lay
 one sample per micro-batch) each recipe's techniques with the stage split and per-stage
 remat that `gclab.sizing.pipeline_plan`'s MILP chooses, keeps those whose per-device
 compiled total fits the usable budget (`gclab.devices.fits`: a card stands for JAX's pool
-on it, as everywhere in gclab), and picks the one with the least predicted step time
-(a pipeline's own is `gclab.sizing.pipeline_plan`'s; the others'):
+on it, as everywhere in gclab), and picks the one with the least predicted step time:
 
     time = (F / flops_per_s + M / memory_bytes_per_s) / D  +  C / link_bytes_per_s
 
@@ -17,6 +16,12 @@ single-device planner ranks with, `gclab.sizing.speed`), D the devices, and C th
 each device receives or reduces per step, read from the partitioned program's optimised
 HLO (`gclab.measure.collectives`). It assumes no overlap of compute and communication and
 perfect balance between devices, so it ranks candidates; it does not promise seconds.
+A pipeline's compute term is its GPipe schedule instead (`gclab.sizing.pipeline_plan`:
+M + P - 1 ticks of its slowest stage, each stage's FLOPs and bytes at the same speeds),
+once per autoregressive step, plus the optimizer's bytes over D; its C, like every other
+layout's, is read from its compiled step (the states each tick sends included), so one
+formula ranks every row, and a pipeline is never predicted faster than the same work
+perfectly balanced over its devices.
 XLA's own cost analysis is not used for F: it counts a loop body once, whatever its
 trip count (the 16 processor steps are one `lax.scan`).
 
@@ -30,11 +35,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Optional, Union
 
-from gclab.config import ModelConfig, TaskConfig
+from gclab.config import ModelConfig, TaskConfig, require_kind
 from gclab.devices import FIT_MARGIN, fits
 from gclab.geometry.graphs import graphs_for
 from gclab.measure.compiled import format_bytes
-from gclab.memory.config import RECIPES, get_recipe
+from gclab.memory.config import PRECISIONS, RECIPES, MemoryConfig, get_recipe
 from gclab.parallel.config import layouts, pipeline_layouts
 from gclab.sizing import analytical
 from gclab.sizing.pipeline_plan import plan_pipeline, step_extra_bytes
@@ -123,12 +128,16 @@ def _pipeline_candidates(model, task, devices, batch, rollout, precision, recipe
     of every stage and the step split chosen by `gclab.sizing.pipeline_plan` (one sample per
     micro-batch), checked by compiling the whole step on the layout.
 
-    Predicted time: the pipeline's (M + P - 1) ticks of its slowest stage, plus, with a
-    data axis, one all-reduce of the gradients over the link.
+    Predicted time (the module docstring): the pipeline's (M + P - 1) ticks of its slowest
+    stage without their link time, once per autoregressive step, the optimizer's bytes,
+    and the compiled step's collective bytes over the link.
     """
     seen, costs_cache = set(), {}
     params = analytical.param_count(model, task)
     flops = speed.f32_flops if precision == "f32" else speed.bf16_flops
+    # The optimizer's bytes, as `analytical.step_work` counts them for every layout.
+    optimizer_seconds = (4.0 * analytical.OPTIMIZER_VALUES_PER_PARAM * params
+                         / speed.memory_bytes_per_s / devices)
     for layout in pipeline_layouts(devices, model.processor_steps):
         for recipe in recipes or list(RECIPES):
             memory = get_recipe(recipe, precision)
@@ -155,7 +164,8 @@ def _pipeline_candidates(model, task, devices, batch, rollout, precision, recipe
             key = (memory, lay.microbatches, lay.pipeline)
             choice = plan_pipeline(model, task, memory, lay, batch, stage_budget, flops,
                                    speed.link_bytes_per_s, graphs, compile_choices=False,
-                                   costs=costs_cache.get(key))
+                                   costs=costs_cache.get(key),
+                                   memory_bytes_per_s=speed.memory_bytes_per_s)
             costs_cache[key] = choice.costs
             row = {**row, "parallel": lay.spec, "uniform": choice.uniform.to_dict(),
                    "stage_budget": stage_budget}
@@ -167,10 +177,13 @@ def _pipeline_candidates(model, task, devices, batch, rollout, precision, recipe
                             parallel=choice.layout)
             step = compile_train_step(spec, graphs)
             need = step.memory.total_bytes
-            seconds = choice.milp.step_seconds + (
-                2 * 4 * params / speed.link_bytes_per_s if layout.data > 1 else 0.0)
+            coll = int(step.memory.collective_bytes)
+            ticks = lay.microbatches + lay.pipeline - 1
+            compute = choice.milp.step_seconds - ticks * choice.costs.link_seconds
+            seconds = (rollout * compute + optimizer_seconds
+                       + coll / speed.link_bytes_per_s)
             yield {**row, "parallel": choice.layout.spec, "per_device_bytes": need,
-                   "collective_bytes": int(step.memory.collective_bytes),
+                   "collective_bytes": coll,
                    "predicted_seconds": seconds, "fits": fits(need, usable),
                    "stages": choice.milp.to_dict()}, spec, seconds
 
@@ -192,10 +205,25 @@ def plan_layout(budget: Union[int, float, str], model: ModelConfig, task: TaskCo
       recipes: named recipes to consider (default: all of `RECIPES`).
 
     Raises:
-      ValueError: a bad budget or device count.
+      ValueError: a bad budget, device count, model, task, batch, rollout, precision or
+        recipe list (`gclab.config.WrongType` for one of the wrong kind).
       NothingFits: no layout and recipe fits (the message lists the smallest).
     """
     usable = parse_budget(budget)
+    analytical.check_step_arguments(model, task, MemoryConfig(), batch, rollout,
+                                    "plan_layout")
+    if precision not in PRECISIONS:
+        raise ValueError(f"plan_layout: precision={precision!r} is invalid: one of "
+                         + ", ".join(PRECISIONS))
+    if recipes is not None:
+        # A str would be read letter by letter, and an empty list would mean every recipe.
+        require_kind("recipes", recipes, (list, tuple), "a list of recipe names, or None for "
+                     "every recipe", "plan_layout:")
+        if not recipes:
+            raise ValueError("plan_layout: recipes=[] is invalid: at least one recipe name, "
+                             "or None for every recipe")
+        for name in recipes:
+            get_recipe(name, precision)  # an unknown name: one line listing the known ones
     card = card_name(budget)
     speeds_of = card if card in CARD_SPEEDS else REFERENCE_CARD
     speed = CARD_SPEEDS[speeds_of]

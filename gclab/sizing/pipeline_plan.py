@@ -25,15 +25,18 @@ tick), so `predicted_step_bytes` is the largest stage plus those; a test checks 
 against the compiled step. Time is counted in ticks of the GPipe schedule: every tick
 lasts as long as the slowest stage's work on one micro-batch,
 
-    tick = max_s (4 F_s + n_s F_step) / flops_per_s + state_bytes / link_bytes_per_s
+    tick = max_s (4 W_s + n_s W_step) + state_bytes / link_bytes_per_s
     step = (M + P - 1) x tick,
 
-F_s the forward FLOPs of stage s (its steps, plus encoder or decoder): its forward, the
-forward again before the backward (the stage's checkpoint), the backward (two forwards),
-one more forward per checkpointed step, and the state a stage sends per tick over the
-link. The MILP (`scipy.optimize.milp`) has integer k_s, n_s and a continuous tick
-t >= every stage's time; it minimises t. A stage checkpoints none of its steps or at
-least two (`MIN_CHECKPOINTED`: one saves nothing under the stage's checkpoint).
+W_s the time of stage s's forward on one micro-batch (its steps, plus encoder or
+decoder), its FLOPs over flops_per_s plus the bytes its activations move over
+memory_bytes_per_s (`gclab.sizing.analytical.stage_work`, the counts every other planner
+of gclab ranks with): its forward, the forward again before the backward (the stage's
+checkpoint), the backward (two forwards), one more forward per checkpointed step, and the
+state a stage sends per tick over the link. The MILP (`scipy.optimize.milp`) has integer
+k_s, n_s and a continuous tick t >= every stage's time; it minimises t. A stage
+checkpoints none of its steps or at least two (`MIN_CHECKPOINTED`: one saves nothing
+under the stage's checkpoint).
 `brute_force` enumerates every split and setting (small cases, a check of the MILP),
 `uniform` gives every stage the same ratio on the even split.
 
@@ -71,7 +74,8 @@ class StageCosts:
       base: bytes of a stage with no steps: `{'first', 'middle', 'last'}`.
       stored: bytes each stored (not checkpointed) step adds.
       checkpointed: bytes each checkpointed step adds.
-      step_seconds: one processor step's forward on one micro-batch.
+      step_seconds: one processor step's forward on one micro-batch (FLOPs and bytes
+        moved).
       encoder_seconds, decoder_seconds: the encoder's and decoder's forward on one.
       link_seconds: sending one micro-batch's state to the next stage.
     """
@@ -343,8 +347,8 @@ def predicted_step_bytes(choice: "StageChoice", extra_bytes: float) -> float:
 def fit_stage_costs(model: ModelConfig, task: TaskConfig, memory: MemoryConfig,
                     microbatches: int, microbatch: int, flops_per_s: float,
                     link_bytes_per_s: float, graphs: Optional[Graphs] = None,
-                    stages: int = 3) -> StageCosts:
-    """`StageCosts` from five compiled stage programs and the model's FLOPs.
+                    stages: int = 3, memory_bytes_per_s: float = math.inf) -> StageCosts:
+    """`StageCosts` from five compiled stage programs and the model's FLOPs and bytes.
 
     Middle stages of 2 and 3 stored steps and of 3 checkpointed steps give the per-step
     bytes and a middle stage's base; first and last stages of 2 stored steps give theirs.
@@ -353,7 +357,8 @@ def fit_stage_costs(model: ModelConfig, task: TaskConfig, memory: MemoryConfig,
     programs are those of a pipeline of `stages` stages (at least 3, for a middle stage;
     at most S - 2, for 3 steps in one): a device holds a state per tick, M + P - 1 of them,
     so where `stages` is more than the fit's pipeline has, the bases grow by a state per
-    tick it lacks.
+    tick it lacks. Times count FLOPs at `flops_per_s` and the bytes activations move at
+    `memory_bytes_per_s` (the default, infinite, counts FLOPs only).
     """
     graphs = graphs if graphs is not None else graphs_for(model)
     S = model.processor_steps
@@ -383,10 +388,11 @@ def fit_stage_costs(model: ModelConfig, task: TaskConfig, memory: MemoryConfig,
     more = state_bytes * max(0, stages - P)  # states of the ticks the fit's pipeline lacks
     base = {"middle": base_mid + more, "first": compiled(0, 2, 0) - 2 * stored + more,
             "last": compiled(P - 1, 2, 0) - 2 * stored + more}
-    f = analytical.stage_flops(model, task, counts, microbatch)
-    return StageCosts(base, float(stored), float(checkpointed), f["processor_step"] / flops_per_s,
-                      f["encoder"] / flops_per_s, f["decoder"] / flops_per_s,
-                      state_bytes / link_bytes_per_s)
+    work = analytical.stage_work(model, task, counts, microbatch, memory)
+    seconds = {part: flops / flops_per_s + itemsize * moved / memory_bytes_per_s
+               for part, (flops, moved) in work.items()}
+    return StageCosts(base, float(stored), float(checkpointed), seconds["processor_step"],
+                      seconds["encoder"], seconds["decoder"], state_bytes / link_bytes_per_s)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -445,7 +451,8 @@ def plan_pipeline(model: ModelConfig, task: TaskConfig, memory: MemoryConfig,
                   layout: ParallelConfig, batch: int, stage_budget: float,
                   flops_per_s: float, link_bytes_per_s: float,
                   graphs: Optional[Graphs] = None, compile_choices: bool = True,
-                  costs: Optional[StageCosts] = None) -> PipelineChoice:
+                  costs: Optional[StageCosts] = None,
+                  memory_bytes_per_s: float = math.inf) -> PipelineChoice:
     """The MILP's stage steps and per-stage remat for `layout` (its data, pipeline and
     microbatches), against one ratio for all stages.
 
@@ -459,6 +466,8 @@ def plan_pipeline(model: ModelConfig, task: TaskConfig, memory: MemoryConfig,
       compile_choices: compile both choices' stage programs (else only predicted).
       costs: `StageCosts` already fitted for this micro-batch and number of stages
         (else fitted here).
+      memory_bytes_per_s: the card's memory bandwidth (infinite: stage times count FLOPs
+        only).
     """
     graphs = graphs if graphs is not None else graphs_for(model)
     S, P, M = model.processor_steps, layout.pipeline, layout.microbatches
@@ -466,7 +475,7 @@ def plan_pipeline(model: ModelConfig, task: TaskConfig, memory: MemoryConfig,
     b = batch // (layout.data * M)
     if costs is None:
         costs = fit_stage_costs(model, task, memory, M, b, flops_per_s, link_bytes_per_s,
-                                graphs, P)
+                                graphs, P, memory_bytes_per_s)
     chosen = solve_milp(costs, S, P, M, stage_budget)
     one = uniform(costs, S, P, M, stage_budget)
 

@@ -35,7 +35,15 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 import gclab
-from gclab.config import ModelConfig, TaskConfig, a_kind, is_int, is_number, require_count
+from gclab.config import (
+    ModelConfig,
+    TaskConfig,
+    a_kind,
+    is_int,
+    is_number,
+    require_count,
+    require_kind,
+)
 from gclab.files import CacheWarning, atomic_path, check_writable_folder, write_text_atomic
 from gclab.measure.peak import measure_peak
 from gclab.measure.timing import median_seconds
@@ -70,8 +78,7 @@ def grid(model: ModelConfig, latent_sizes: Iterable[int], steps_list: Iterable[i
       ValueError: an empty list, a value that is not an integer >= 1, or an unknown
         technique.
     """
-    if not isinstance(model, ModelConfig):
-        raise ValueError(f"grid: model must be a ModelConfig, not {a_kind(model)}")
+    require_kind("model", model, ModelConfig, caller="grid:")
     latent_sizes, steps_list = list(latent_sizes), list(steps_list)
     for name, values in (("latent_sizes", latent_sizes), ("steps_list", steps_list)):
         if not values or not all(is_int(v) and v >= 1 for v in values):

@@ -35,6 +35,8 @@ from gclab.config import (
     SURFACE_VARIABLES,
     ModelConfig,
     TaskConfig,
+    WrongType,
+    a_kind,
     require_kind,
 )
 from gclab.files import atomic_path
@@ -151,13 +153,45 @@ class Checkpoint:
     @classmethod
     def from_gclab(cls, params: Mapping, model: ModelConfig, task: TaskConfig,
                    description: str = "", license: str = "") -> "Checkpoint":
-        """A checkpoint of gclab parameters with the published task layout."""
+        """A checkpoint of gclab parameters with the published task layout.
+
+        Raises:
+          TypeError: an argument of the wrong kind (`params` not a mapping of mappings).
+        """
+        _require_parts(params, model, task)
+        require_kind("description", description, str)
+        require_kind("license", license, str)
         return cls({m: dict(v) for m, v in params.items()}, model, task,
                    OfficialTask.from_task(task), description, license)
 
 
+CHECKPOINT = "a Checkpoint (read_checkpoint(path) or Checkpoint.from_gclab)"
+
+
+def _require_parts(params, model, task) -> None:
+    """Refuses parameters, model or task of the wrong kind (`WrongType`, named)."""
+    require_kind("params", params, Mapping, "a {module: {name: array}} mapping")
+    for module, leaves in params.items():
+        require_kind(f"params[{module!r}]", leaves, Mapping, "a {name: array} mapping")
+    require_kind("model", model, ModelConfig)
+    require_kind("task", task, TaskConfig)
+
+
+def _require_checkpoint(ckpt) -> None:
+    """Refuses a checkpoint argument that is no `Checkpoint` or holds parts of the wrong
+    kind (a `Checkpoint` is a plain dataclass: its fields are not checked when made)."""
+    require_kind("ckpt", ckpt, Checkpoint, CHECKPOINT)
+    _require_parts(ckpt.params, ckpt.model, ckpt.task)
+    require_kind("ckpt.official_task", ckpt.official_task, OfficialTask)
+
+
 def to_flat(ckpt: Checkpoint) -> dict:
-    """The flat `{key: array}` dict a checkpoint file holds (see the module docstring)."""
+    """The flat `{key: array}` dict a checkpoint file holds (see the module docstring).
+
+    Raises:
+      TypeError: `ckpt` not a `Checkpoint`, or one with parts of the wrong kind.
+    """
+    _require_checkpoint(ckpt)
     flat: dict = {}
     for module, leaves in to_official(ckpt.params).items():
         for name, value in leaves.items():
@@ -205,7 +239,19 @@ def _indexed(flat: Mapping, prefix: str, path: str) -> dict:
 
 
 def from_flat(flat: Mapping[str, np.ndarray], path: str = "checkpoint") -> Checkpoint:
-    """A `Checkpoint` from the flat dict of a file; `CheckpointError` names a bad key."""
+    """A `Checkpoint` from the flat dict of a file; `CheckpointError` names a bad key.
+
+    Raises:
+      TypeError: `flat` not a mapping with str keys (`read_flat(path)`), `path` not a str.
+      CheckpointError: a missing, unknown or malformed key, or parameters that do not fit
+        the file's model and task.
+    """
+    require_kind("flat", flat, Mapping, "a {key: array} mapping (read_flat(path))")
+    require_kind("path", path, str)
+    key = next((k for k in flat if not isinstance(k, str)), None)
+    if key is not None:
+        raise WrongType(f"flat is invalid: its keys must be str, {key!r} is {a_kind(key)}")
+    flat = {key: np.asarray(value) for key, value in flat.items()}
     for key in flat:
         if key.split(SEP, 1)[0] not in TOP_LEVEL:
             raise CheckpointError(f"{path}: unknown key {key!r}: keys start with one of "
@@ -375,8 +421,21 @@ def write_checkpoint(path: PathLike, ckpt: Checkpoint) -> None:
       ckpt: the checkpoint.
 
     Raises:
-      CheckpointError: an array that is not numbers or strings (it would need pickle).
+      TypeError: `ckpt` not a `Checkpoint` (or one with parts of the wrong kind).
+      CheckpointError: parameters that do not fit `ckpt.model` and `ckpt.task` (the file
+        would not read back), a `ckpt.official_task` of another task than `ckpt.task`, or
+        an array that is not numbers or strings (it would need pickle). Nothing is written.
     """
+    _require_checkpoint(ckpt)
+    try:
+        task = ckpt.official_task.to_task(f"{path}: official_task")
+    except (TypeError, ValueError) as e:  # malformed fields: a message of its own
+        raise CheckpointError(str(e) if isinstance(e, CheckpointError) else
+                              f"{path}: official_task: {e}") from None
+    if task != ckpt.task:  # the file's task is the official one, read back
+        raise CheckpointError(f"{path}: official_task is for {task}, the checkpoint's task "
+                              f"is {ckpt.task}")
+    check_params(ckpt.params, ckpt.model, ckpt.task, str(path))
     flat = to_flat(ckpt)
     for key, value in flat.items():
         if value.dtype.kind not in "biufU":  # numbers and strings only: no pickle

@@ -12,8 +12,8 @@ This module turns such a dataset into gclab's `RawExample` (channel layout of
 `gclab.training.data`), the statistics into gclab's `Normalization`, and back: synthetic
 weather can be written in the official layout (`synthetic_dataset`), and statistics
 computed from any dataset (`compute_stats`). Year and day progress are derived from
-`datetime` exactly as the official input extraction does (when `year_progress` /
-`day_progress` are absent); top-of-atmosphere solar radiation must be in the dataset.
+`datetime` exactly as the official input extraction does (each of them, and of their sin and
+cos, that the dataset lacks); top-of-atmosphere solar radiation must be in the dataset.
 
 `channel_permutations` gives the order of the official network's input and output
 channels (variables sorted by name; time, then level, inside a variable; forcings of the
@@ -106,6 +106,25 @@ def _xarray():
     # xarray is part of the optional `data` extra: imported where it is used.
     import xarray
     return xarray
+
+
+#: What a dataset argument must be, in the words of a wrong-kind message.
+DATASET = "an xarray.Dataset (open_dataset(path))"
+PATH_KINDS = (str, os.PathLike)
+
+
+def _require_dataset(name: str, ds) -> None:
+    """Refuses a dataset argument of another kind (a path, say) with a `WrongType` naming
+    `name`, before an attribute of it is looked up."""
+    require_kind(name, ds, _xarray().Dataset, DATASET)
+
+
+def _require_stats(stats) -> None:
+    """Refuses statistics that are no `Stats` of three datasets (a folder's path, say)."""
+    require_kind("stats", stats, Stats, "a Stats (load_stats(folder))")
+    for kind, ds in zip(STATS_FILES, stats):
+        require_kind(f"stats.{kind}", ds, _xarray().Dataset,
+                     "an xarray.Dataset (load_stats(folder))")
 
 
 # ----------------------------------------------------------------------------------------
@@ -283,7 +302,13 @@ def open_dataset(path: PathLike):
 
     A WeatherBench2-style store (`latitude`/`longitude`, north to south, datetimes in
     `time`) is turned into the official layout (`gclab.weather.era5`).
+
+    Raises:
+      TypeError: `path` not a str or `os.PathLike`.
+      DataError: no such file or folder, or not a readable dataset.
     """
+    require_kind("path", path, PATH_KINDS, "a str or os.PathLike (a netCDF file or zarr "
+                 "folder)")
     xarray = _xarray()
     path = Path(path)
     if not path.exists():
@@ -313,8 +338,14 @@ def _is_hdf5(path: Path) -> bool:
 
 
 def write_dataset(ds, path: PathLike) -> None:
-    """Writes a dataset as netCDF (HDF5, h5netcdf) atomically (temporary file, rename)."""
+    """Writes a dataset as netCDF (HDF5, h5netcdf) atomically (temporary file, rename).
+
+    Raises:
+      TypeError: `ds` not an xarray Dataset, `path` not a str or `os.PathLike`.
+    """
     from gclab.files import atomic_path
+    _require_dataset("ds", ds)
+    require_kind("path", path, PATH_KINDS, "a str or os.PathLike (a netCDF file)")
     with atomic_path(path) as tmp:
         ds.to_netcdf(tmp, engine="h5netcdf")
 
@@ -331,9 +362,12 @@ def load_stats(folder: PathLike) -> Stats:
     """Reads `mean_by_level.nc`, `stddev_by_level.nc`, `diffs_stddev_by_level.nc`.
 
     Raises:
+      TypeError: `folder` not a str or `os.PathLike`.
       DataError: a file is missing or unreadable, or a value gclab would use is not a finite
         mean or a finite standard deviation > 0 (the message names the file and variable).
     """
+    require_kind("folder", folder, PATH_KINDS, "a str or os.PathLike (the statistics "
+                 "folder)")
     folder = Path(folder)
     if not folder.is_dir():
         raise DataError(f"{folder}: not a folder (the statistics folder holds "
@@ -367,8 +401,16 @@ def _check_stat(v, kind: str, what: str) -> None:
 def write_stats(stats: Stats, folder: PathLike) -> None:
     """Writes the three statistics files into `folder` as one set: all three to temporary
     files first (`gclab.files.atomic_path`), renamed into place only once all are written,
-    so that a failed write leaves the old set whole, not a mix of old and new files."""
+    so that a failed write leaves the old set whole, not a mix of old and new files.
+
+    Raises:
+      TypeError: `stats` not a `Stats` of three datasets, `folder` not a str or
+        `os.PathLike`.
+    """
     from gclab.files import atomic_path
+    _require_stats(stats)
+    require_kind("folder", folder, PATH_KINDS, "a str or os.PathLike (the statistics "
+                 "folder)")
     with contextlib.ExitStack() as files:
         for name, ds in zip(STATS_FILES.values(), stats):
             ds.to_netcdf(files.enter_context(atomic_path(Path(folder) / name)),
@@ -382,28 +424,54 @@ def write_stats(stats: Stats, folder: PathLike) -> None:
 def add_derived_vars(ds):
     """Adds year/day progress and their sin/cos, as the official extraction does.
 
-    Recomputed from `datetime` (seconds since 1970) and `lon` when `year_progress` /
-    `day_progress` are absent; float32 like the official values.
+    Each of `NAME`, `NAME_sin` and `NAME_cos` (NAME: `year_progress`, `day_progress`) that
+    the dataset lacks is added, float32 like the official values: the sin and cos from the
+    dataset's `NAME` where it has one, else from `NAME` recomputed from `datetime` (seconds
+    since 1970) and `lon`. Features the dataset holds are kept; a dataset holding all six
+    needs no `datetime`.
+
+    Raises:
+      TypeError: `ds` not an xarray Dataset.
+      DataError: a feature to recompute and no `datetime` or `lon` coordinate, or a
+        `datetime` that holds no datetimes (the message names the file and the feature).
     """
+    _require_dataset("ds", ds)
     xarray = _xarray()
-    for coord in ("datetime", "lon"):
+    where = _source(ds)
+    new = {}
+    for name in PROGRESS:
+        lacking = [k for k in (name, f"{name}_sin", f"{name}_cos") if k not in ds.data_vars]
+        if not lacking:
+            continue
+        if name in ds.data_vars:  # the dataset's progress: its sin/cos, lazily
+            progress = ds[name].astype(np.float32)
+            phase = progress * (2 * np.pi)
+            got = {name: progress, f"{name}_sin": np.sin(phase),
+                   f"{name}_cos": np.cos(phase)}
+        else:
+            got = {k: xarray.Variable(d, v)
+                   for k, (d, v) in _progress_from_datetime(ds, name, where).items()}
+        new.update({k: got[k] for k in lacking})
+    return ds.assign(new) if new else ds
+
+
+def _progress_from_datetime(ds, name: str, where: str) -> dict:
+    """{feature: (dims, float32 values)} of progress `name` and its sin/cos, from
+    `datetime` (and, for the day's, `lon`), as the official extraction computes them."""
+    for coord in ("datetime",) + (("lon",) if name == "day_progress" else ()):
         if coord not in ds.coords:
-            raise DataError(f"the dataset has no {coord!r} coordinate (needed for the "
-                            f"year and day progress forcings)")
+            raise DataError(f"{where}: the dataset has no {coord!r} coordinate (needed for "
+                            f"the {name} forcing, which it lacks)")
+    _check_time_kind(ds.coords["datetime"], "datetime", where)
     seconds = ds.coords["datetime"].data.astype("datetime64[s]").astype(np.int64)
     dims = tuple(ds.coords["datetime"].dims)  # (batch, time) or (time,)
-    new = {}
-    if "year_progress" not in ds.data_vars:
+    if name == "year_progress":
         years = seconds / SECONDS_PER_DAY / np.float64(DAYS_PER_YEAR)
-        progress = np.mod(years, 1.0).astype(np.float32)
-        new.update(_featurize("year_progress", dims, progress))
-    if "day_progress" not in ds.data_vars:
-        lon = ds.coords["lon"].data
-        day = np.mod(seconds, SECONDS_PER_DAY) / SECONDS_PER_DAY
-        progress = np.mod(day[..., None] + np.deg2rad(lon) / (2 * np.pi), 1.0)
-        new.update(_featurize("day_progress", dims + ds.coords["lon"].dims,
-                              progress.astype(np.float32)))
-    return ds.assign({k: xarray.Variable(d, v) for k, (d, v) in new.items()})
+        return _featurize(name, dims, np.mod(years, 1.0).astype(np.float32))
+    lon = ds.coords["lon"].data
+    day = np.mod(seconds, SECONDS_PER_DAY) / SECONDS_PER_DAY
+    progress = np.mod(day[..., None] + np.deg2rad(lon) / (2 * np.pi), 1.0)
+    return _featurize(name, dims + ds.coords["lon"].dims, progress.astype(np.float32))
 
 
 def _featurize(name, dims, progress):
@@ -421,12 +489,22 @@ def compute_stats(ds) -> Stats:
     is read one variable at a time, its three statistics in one pass.
 
     Raises:
-      DataError: the time axis is not 6-hourly, a chunk is damaged, or a variable gclab
-        uses holds a value that is not finite (other variables skip NaN, as xarray does);
-        the message names the file, the variable and, for a value, the first time step.
+      TypeError: `ds` not an xarray Dataset.
+      DataError: fewer than 2 time steps (the 6-hour change needs two), a time axis that
+        is not 6-hourly, a damaged chunk, or a variable gclab uses holding a value that is
+        not finite (other variables skip NaN, as xarray does); the message names the file,
+        the variable and, for a value, the first time step.
     """
+    _require_dataset("ds", ds)
     xarray = _xarray()
     where = _source(ds)
+    n = ds.sizes.get("time", 0)
+    if n < 2:
+        has = (f"{n} time step{'' if n == 1 else 's'}" if "time" in ds.dims
+               else "no 'time' dimension")
+        raise DataError(f"{where}: the dataset has {has}; the standard deviation of the "
+                        f"6-hour change ({STATS_FILES['diffs_stddev']}) needs at least 2 "
+                        f"time steps")
     check_times(ds, where)
     ds = add_derived_vars(ds) if "datetime" in ds.coords else ds
     out: tuple = ({}, {}, {})  # mean, stddev, diffs_stddev: {variable: statistic}
@@ -471,7 +549,11 @@ def _first_not_finite(ds, name: str, where: str) -> str:
         bad = ~np.isfinite(v)
         others = [d for d in v.dims if d not in keep]
         bad = (bad.any(others) if others else bad).transpose(*keep).values  # [T, B]
-        i = dict(zip(keep, (int(j) for j in np.argwhere(bad)[0])))
+        hits = np.argwhere(bad)
+        if not len(hits):  # finite values whose sums overflow float64
+            return (f"{where}: variable {name!r} holds finite values whose mean or standard "
+                    f"deviation is not finite (they overflow float64)")
+        i = dict(zip(keep, (int(j) for j in hits[0])))
         values = np.asarray(v.isel(i).values)
     value = values[~np.isfinite(values)][0]
     if "time" not in i:
@@ -498,7 +580,16 @@ def _value(stats_ds, name: str, level, what: str, kind: str) -> float:
 
 
 def normalization_from_stats(stats: Stats, task: TaskConfig) -> Normalization:
-    """gclab's `Normalization` from the three official statistics datasets."""
+    """gclab's `Normalization` from the three official statistics datasets.
+
+    Raises:
+      TypeError: `stats` not a `Stats` of three datasets, `task` not a `TaskConfig`.
+      DataError: a statistic the task needs is missing, or not a finite mean or a finite
+        standard deviation > 0 (the message names the file, variable and level).
+    """
+    _require_stats(stats)
+    require_kind("task", task, TaskConfig)
+
     def values(kind: str, channels) -> list:
         ds = getattr(stats, kind)
         return [_value(ds, n, p, STATS_FILES[kind], kind) for n, p in channels]
@@ -517,23 +608,46 @@ def normalization_from_stats(stats: Stats, task: TaskConfig) -> Normalization:
 # Examples.
 
 
+def _check_time_kind(coord, name: str, where: str) -> None:
+    """Refuses a `datetime` coordinate that holds no datetimes, or a `time` coordinate that
+    holds neither lead times nor datetimes: numbers have no unit to step by (6 of them may
+    be hours or nanoseconds), and the progress forcings need dates."""
+    if name == "datetime":
+        kinds, allowed = "M", ("datetimes (datetime64; in netCDF, units such as 'hours since "
+                               "1970-01-01' in the standard calendar)")
+    else:
+        kinds, allowed = "mM", ("lead times (timedelta64; in netCDF, units such as 'hours') "
+                                "or datetimes (datetime64)")
+    if coord.dtype.kind not in kinds:
+        raise DataError(f"{where}: {name} holds {coord.dtype} values, it must hold {allowed}")
+
+
 def check_times(ds, what: Optional[str] = None) -> None:
     """Refuses a time axis GraphCast cannot step along: times that are not 6 hours apart,
     out of order or repeated, in `datetime` (per batch row) or in `time` (lead times).
 
-    Only the coordinates are read (they are in memory once a dataset is open).
+    `datetime` must hold datetimes (`datetime64`) and `time` lead times (`timedelta64`)
+    or datetimes: a `time` of plain numbers (hours, say) is refused rather than guessed at,
+    as their unit is unknown. Either may be absent (a forecast's lead times are always
+    GraphCast's 6-hour steps). Only the coordinates are read (they are in memory once a
+    dataset is open).
 
     Raises:
+      TypeError: `ds` not an xarray Dataset.
       DataError: naming the file (`what`, by default the file the dataset was opened from),
-        the coordinate and the first pair of time steps that are not 6 hours apart.
+        the coordinate and what it holds, or the first pair of time steps that are not 6
+        hours apart.
     """
+    _require_dataset("ds", ds)
+    require_kind("what", what, str, optional=True)
     what = what or _source(ds)
     for name in ("datetime", "time"):
-        if name not in ds.coords or "time" not in ds.coords[name].dims:
+        if name not in ds.coords:
             continue
         coord = ds.coords[name]
-        if coord.dtype.kind not in "mM" or coord.sizes["time"] < 2:
-            continue  # no times to step along (a `time` of integers is left as it was)
+        _check_time_kind(coord, name, what)
+        if "time" not in coord.dims or coord.sizes["time"] < 2:
+            continue  # no times to step along
         values = coord.transpose(..., "time").values  # [..., T]
         gaps = np.diff(values, axis=-1)  # [..., T - 1]
         bad = np.isnat(gaps) | (gaps != FRAME_STEP)
@@ -564,14 +678,58 @@ def _when(value) -> str:
     return f"{value / np.timedelta64(1, 'h'):g} h"
 
 
+#: (dims a variable must have, dims it may have too) by kind; `batch` is optional
+#: throughout (one row, as a dataset without `batch` is), a forcing without `lat` / `lon`
+#: is the same everywhere there.
+VARIABLE_DIMS = {
+    "surface": (("time", "lat", "lon"), ("batch",)),
+    "atmospheric": (("time", "level", "lat", "lon"), ("batch",)),
+    "forcing": (("time",), ("batch", "lat", "lon")),
+    "static": (("lat", "lon"), ("batch", "time")),
+}
+
+
+def _variable_kind(name: str) -> str:
+    if name in ATMOSPHERIC_VARIABLES:
+        return "atmospheric"
+    if name in STATIC_VARIABLES:
+        return "static"
+    if name in SURFACE_VARIABLES or name == "toa_incident_solar_radiation":
+        return "surface"
+    return "forcing"  # the progress features
+
+
+def _check_dims(var, name: str, what: str) -> None:
+    """Refuses a variable whose dims its kind does not allow (a surface variable with
+    `level`, an ensemble's `member`), which would end in a shape error inside numpy."""
+    kind = _variable_kind(name)
+    must, may = VARIABLE_DIMS[kind]
+    if set(must) <= set(var.dims) <= set(must + may):
+        return
+    article = "an" if kind[0] in "aeiou" else "a"
+    raise DataError(f"{what}: variable {name!r} has dims {var.dims}; {article} {kind} "
+                    f"variable's dims are {', '.join(must)} and, optionally, {', '.join(may)}")
+
+
 def check_dataset(ds, task: TaskConfig, grid_lat: Optional[np.ndarray] = None,
                   grid_lon: Optional[np.ndarray] = None, what: Optional[str] = None):
     """Selects the task's levels and adds derived forcings; names a missing part.
 
     Returns the dataset with `level` in `task.pressure_levels` order and the progress
-    forcings added. Messages start with `what`, by default the file the dataset was opened
-    from (`open_dataset`).
+    forcings added (`add_derived_vars`). Each variable gclab reads must have the dims of
+    its kind (`VARIABLE_DIMS`): a static one carrying `time` or `batch` (as some ERA5
+    downloads' land-sea mask does) is taken at its first time step and batch row. Messages
+    start with `what`, by default the file the dataset was opened from (`open_dataset`).
+
+    Raises:
+      TypeError: `ds` not an xarray Dataset, `task` not a `TaskConfig`.
+      DataError: a dimension, coordinate, level or variable missing; a time axis that is
+        not 6-hourly (`check_times`); a variable with dims its kind does not allow; lat
+        north to south, or a grid other than `grid_lat` x `grid_lon`.
     """
+    _require_dataset("ds", ds)
+    require_kind("task", task, TaskConfig)
+    require_kind("what", what, str, optional=True)
     what = what or _source(ds)
     for dim in ("time", "lat", "lon"):
         if dim not in ds.dims:
@@ -591,10 +749,14 @@ def check_dataset(ds, task: TaskConfig, grid_lat: Optional[np.ndarray] = None,
     if absent:
         raise DataError(f"{what}: missing variable {absent[0]!r} (needed: "
                         f"{', '.join(sorted(needed))})")
-    for name in ATMOSPHERIC_VARIABLES:
-        if "level" not in ds[name].dims:
-            raise DataError(f"{what}: variable {name!r} has dims {ds[name].dims}, it needs "
-                            f"'level'")
+    given = [f for f in FORCING_VARIABLES + PROGRESS  # progress features of the dataset
+             if f in ds.data_vars and f not in needed]
+    for name in sorted(needed) + given:
+        _check_dims(ds[name], name, what)
+    for name in STATIC_VARIABLES:  # constant in time: the first time step and batch row
+        first = {d: 0 for d in ("batch", "time") if d in ds[name].dims}
+        if first:
+            ds = ds.assign({name: ds[name].variable.isel(first)})
     if ds.sizes["lat"] > 1 and float(ds["lat"][0]) > float(ds["lat"][-1]):
         raise DataError(f"{what}: lat runs north to south; the official layout runs "
                         f"south to north (use `gclab.weather.era5` for WeatherBench2 zarr)")
@@ -606,13 +768,15 @@ def check_dataset(ds, task: TaskConfig, grid_lat: Optional[np.ndarray] = None,
     return add_derived_vars(ds)
 
 
-def _grid(var, frames: slice, where: str, used: slice = slice(None)) -> np.ndarray:
+def _grid(var, frames: slice, where: str, used: slice = slice(None),
+          batch: int = 1) -> np.ndarray:
     """A variable's frames as [T, Ng, B] or [T, Ng, B, levels] (float32, as stored).
 
     The frames are checked as they are read (a dataset may be streamed, larger than
     memory): a damaged chunk, or a value that is not finite in the frames `used` (rows of
     the T read) is a `DataError` naming `where` (the file), the variable and the first time
-    step that has one.
+    step that has one. A variable without `batch` (or one `datetime` for all rows, whose
+    progress forcings have none) is broadcast to `batch` rows.
     """
     dims = [d for d in ("time", "lat", "lon", "batch", "level") if d in var.dims]
     if "batch" not in var.dims:
@@ -631,7 +795,8 @@ def _grid(var, frames: slice, where: str, used: slice = slice(None)) -> np.ndarr
         raise DataError(_not_finite(var, a[used], finite, used.start or 0,
                                     frames.start or 0, where))
     T, n_lat, n_lon = a.shape[:3]
-    return a.reshape((T, n_lat * n_lon) + a.shape[3:])
+    a = a.reshape((T, n_lat * n_lon) + a.shape[3:])
+    return np.broadcast_to(a, a.shape[:2] + (batch,) + a.shape[3:]) if a.shape[2] == 1 else a
 
 
 def _not_finite(var, a: np.ndarray, finite: np.ndarray, row: int, start: int,
@@ -680,7 +845,7 @@ def _targets(ds, task: TaskConfig, frames: slice, where: str,
     parts = []
     for v in SURFACE_VARIABLES + ATMOSPHERIC_VARIABLES:
         used = slice(0 if v in inputs else 2, None if check_targets else 2)
-        a = _grid(ds[v], frames, where, used)
+        a = _grid(ds[v], frames, where, used, ds.sizes.get("batch", 1))
         parts.append(a[..., None] if v in SURFACE_VARIABLES else a)
     return np.concatenate(parts, -1)
 
@@ -694,7 +859,7 @@ def _forcings(ds, frames: slice, n_nodes: int, n_lon: int, where: str) -> np.nda
             var = var.expand_dims(lat=ds.sizes["lat"])
         if "lon" not in var.dims:
             var = var.expand_dims(lon=n_lon)
-        out.append(_grid(var, frames, where))
+        out.append(_grid(var, frames, where, batch=ds.sizes.get("batch", 1)))
     return np.stack(out, -1)
 
 
@@ -711,12 +876,13 @@ def raw_example(ds, task: TaskConfig, start: int = 0, rollout: int = 1,
     NaN (as in the official rollout's `targets_template`).
 
     Raises:
-      TypeError: `task` not a `TaskConfig`.
+      TypeError: `ds` not an xarray Dataset, `task` not a `TaskConfig`.
       ValueError: `start` not an integer >= 0 or `rollout` not an integer >= 1.
       DataError: too few time steps for `start` and `rollout`; a `level` coordinate that
         is not the task's pressure levels, in its order (`check_dataset` selects them);
         a damaged chunk or a value that is not finite.
     """
+    _require_dataset("ds", ds)
     require_kind("task", task, TaskConfig)
     start, rollout = require_count("start", start, 0), require_count("rollout", rollout, 1)
     where = _source(ds)
@@ -830,10 +996,19 @@ class DatasetWeather:
       task: the channel layout.
       stats: the three statistics datasets.
       grid_lat, grid_lon: the model's grid (degrees).
+
+    Raises:
+      TypeError: `ds` not an xarray Dataset, `task` not a `TaskConfig`, `stats` not a
+        `Stats` of three datasets.
+      DataError: what `check_dataset` and `normalization_from_stats` refuse.
     """
 
     def __init__(self, ds, task: TaskConfig, stats: Stats, grid_lat: np.ndarray,
                  grid_lon: np.ndarray) -> None:
+        # Every argument's kind before the dataset is checked (which reads coordinates).
+        _require_dataset("ds", ds)
+        require_kind("task", task, TaskConfig)
+        _require_stats(stats)
         self.task = task
         self.ds = check_dataset(ds, task, grid_lat, grid_lon)
         self._norm = normalization_from_stats(stats, task)

@@ -19,6 +19,7 @@ from typing import Optional, Sequence, Union
 
 import numpy as np
 
+from gclab.config import require_kind
 from gclab.weather.dataset import DataError
 
 PathLike = Union[str, os.PathLike]
@@ -38,6 +39,11 @@ def to_official_layout(ds, times: Optional[slice] = None,
       ds: dims time (datetime64), latitude, longitude[, level].
       times: a `slice` of datetimes (strings such as "2020-01-01T00" work), or None.
       levels: pressure levels to keep, or None for all.
+
+    Raises:
+      TypeError, ValueError: `times` not a slice of datetimes (named).
+      DataError: a dimension missing, `time` not datetimes, no time step in `times`, or a
+        level of `levels` missing.
     """
     for dim in ("time", "latitude", "longitude"):
         if dim not in ds.dims:
@@ -48,7 +54,13 @@ def to_official_layout(ds, times: Optional[slice] = None,
                         f"{ds['time'].dtype}")
     ds = ds.rename(RENAMES).sortby("lat")  # south to north, as the official layout
     if times is not None:
-        ds = ds.sel(time=times)
+        require_kind("times", times, slice, "a slice of datetimes (strings such as "
+                     "\"2020-01-01T00\" work)")
+        try:
+            ds = ds.sel(time=times)
+        except (TypeError, KeyError, ValueError):  # pandas' words for a bound of no date
+            raise ValueError(f"times={times!r} is invalid: a slice of datetimes (strings "
+                             f"such as \"2020-01-01T00\" work)") from None
         if ds.sizes["time"] == 0:
             raise DataError(f"WeatherBench2 dataset: no time step in {times}")
     if levels is not None:

@@ -23,13 +23,15 @@ from typing import Optional
 import jax
 import numpy as np
 
-from gclab.config import ATMOSPHERIC_VARIABLES, NUM_FORCINGS
+from gclab.config import ATMOSPHERIC_VARIABLES, NUM_FORCINGS, require_count, require_kind
 from gclab.geometry import build_graphs
 from gclab.memory import MemoryConfig
 from gclab.model import graph_inputs, make_network
 from gclab.training.examples import input_variable_channels, residual_channels
 from gclab.weather.checkpoint import Checkpoint
 from gclab.weather.dataset import (
+    DATASET,
+    FRAME_STEP,
     Stats,
     check_dataset,
     normalization_from_stats,
@@ -72,12 +74,31 @@ def forecast(ckpt: Checkpoint, ds, stats: Stats, steps: int,
              memory: Optional[MemoryConfig] = None):
     """The checkpoint's `steps`-step forecast from frames 0 and 1 of `ds` (xarray Dataset).
 
+    The output's lead times are GraphCast's 6-hour steps (6 h, 12 h, ...), whatever the
+    dataset's `time` coordinate holds (`check_dataset` refuses one that is not 6-hourly, or
+    holds plain numbers; a dataset may have none).
+
+    Args:
+      ckpt: the checkpoint (`read_checkpoint`).
+      ds: the dataset (`open_dataset`): two input frames and `steps` more for the forcings.
+      stats: the statistics (`load_stats`).
+      steps: how many 6-hour steps to forecast, >= 1.
+      memory: the memory recipe of the network, or None for the default.
+
     Raises:
+      TypeError: an argument of the wrong kind (a path for `ds`, say).
+      ValueError: `steps` not an integer >= 1.
       gclab.weather.DataError: the dataset or statistics lack something, or a value the
         forecast uses (inputs, forcings, statics) is not finite (named).
     """
     import xarray
 
+    # Every argument before any graph is built: a bad one fails in a moment, named.
+    require_kind("ckpt", ckpt, Checkpoint, "a Checkpoint (read_checkpoint(path))")
+    require_kind("ds", ds, xarray.Dataset, DATASET)
+    require_kind("stats", stats, Stats, "a Stats (load_stats(folder))")
+    steps = require_count("steps", steps, 1, "forecast")
+    require_kind("memory", memory, MemoryConfig, optional=True)
     model, task = ckpt.model, ckpt.task
     graphs = build_graphs(model.resolution, model.mesh_splits,
                           model.radius_query_fraction_edge_length,
@@ -104,8 +125,7 @@ def forecast(ckpt: Checkpoint, ds, stats: Stats, steps: int,
             data[name] = (("time", "batch", "level", "lat", "lon"), a.transpose(0, 3, 4, 1, 2))
         else:
             data[name] = (("time", "batch", "lat", "lon"), a[..., 0].transpose(0, 3, 1, 2))
-    step = ds.coords["time"].values[1] - ds.coords["time"].values[0]
     coords = {"lon": ds.coords["lon"], "lat": ds.coords["lat"],
               "level": ds.coords["level"],
-              "time": ("time", (np.arange(1, T + 1) * step).astype("timedelta64[ns]"))}
+              "time": ("time", (np.arange(1, T + 1) * FRAME_STEP).astype("timedelta64[ns]"))}
     return xarray.Dataset(data, coords=coords)

@@ -24,6 +24,12 @@ import numpy as np
 import pytest
 
 from gclab.cli import main
+from gclab.config import ModelConfig, TaskConfig
+from gclab.memory import get_recipe
+from gclab.parallel.config import parse_parallel_spec
+from gclab.sizing import StepSpec
+from gclab.sizing.layout_plan import predicted_seconds
+from gclab.sizing.speed import CARD_SPEEDS
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ["--resolution", "6", "--mesh-splits", "2", "--latent", "16", "--steps", "2"]
@@ -306,3 +312,10 @@ def test_plan_over_devices_weighs_pipeline_stages_chosen_by_milp():
     steps = "/".join(map(str, stages["stage_steps"]))
     assert f"pipeline:2,microbatches:2,stage-steps:{steps}" in piped["parallel"]
     assert piped["per_device_bytes"] > 0 and piped["collective_bytes"] > 0
+    # Ranked by the formula of every other row: the same work perfectly balanced over the
+    # two devices (no bubble, no stage checkpoint) is a lower bound of the pipeline's time.
+    model = ModelConfig(resolution=6, mesh_splits=2, latent_size=16, processor_steps=5)
+    spec = StepSpec(model, TaskConfig(), get_recipe("none", "bf16"), batch=2,
+                    parallel=parse_parallel_spec(piped["parallel"]))
+    balanced = predicted_seconds(spec, piped["collective_bytes"], CARD_SPEEDS["H100"])
+    assert balanced <= piped["predicted_seconds"] <= 4 * balanced, (balanced, piped)

@@ -230,8 +230,34 @@ def test_a_checkpoint_without_read_permission_is_named_unreadable(tmp_path, para
 def test_a_failed_write_keeps_the_old_file(tmp_path, params):
     path = tmp_path / "c.npz"
     write_checkpoint(path, Checkpoint.from_gclab(params, CFG, TASK, "old"))
-    bad = Checkpoint.from_gclab({"grid2mesh_gnn/x": {"w": object()}}, CFG, TASK)
-    with pytest.raises(CheckpointError, match="grid2mesh_gnn/~_networks_builder/x:w has dtype"):
+    # The right shapes (checked first), of a dtype that would need pickle.
+    module = "grid2mesh_gnn/encoder_nodes_grid_nodes_mlp/~/linear_0"
+    leaves = {**params[module], "w": np.asarray(params[module]["w"], object)}
+    bad = Checkpoint.from_gclab({**params, module: leaves}, CFG, TASK)
+    with pytest.raises(CheckpointError, match="grid2mesh_gnn/~_networks_builder/encoder_nodes_"
+                                              "grid_nodes_mlp/~/linear_0:w has dtype object"):
         write_checkpoint(path, bad)
     assert read_checkpoint(path).description == "old"
     assert [p.name for p in tmp_path.iterdir()] == ["c.npz"]
+
+
+def test_write_checkpoint_refuses_what_would_not_read_back(tmp_path, params):
+    # Parameters of another task were written, and the file then refused by read_checkpoint;
+    # a dict for the checkpoint was an AttributeError. Nothing is written on a refusal.
+    import dataclasses
+
+    path = tmp_path / "w.npz"
+    with pytest.raises(CheckpointError, match=f"^{path}: params:grid2mesh_gnn/.*linear_0:w has "
+                                              r"shape \(54, 16\), this model_config and "
+                                              r"task_config need \(186, 16\)$"):
+        write_checkpoint(path, Checkpoint.from_gclab(params, CFG, TaskConfig()))
+    mixed = dataclasses.replace(Checkpoint.from_gclab(params, CFG, TASK),
+                                official_task=OfficialTask.from_task(TaskConfig()))
+    with pytest.raises(CheckpointError, match=f"^{path}: official_task is for TaskConfig"):
+        write_checkpoint(path, mixed)
+    with pytest.raises(TypeError, match=r"^ckpt is invalid: a Checkpoint \(read_checkpoint"
+                                        r"\(path\) or Checkpoint.from_gclab\), not a dict$"):
+        write_checkpoint(path, params)
+    assert list(tmp_path.iterdir()) == []
+    write_checkpoint(path, Checkpoint.from_gclab(params, CFG, TASK))
+    assert read_checkpoint(path).task == TASK

@@ -141,3 +141,17 @@ def test_the_weather_of_target_frames_may_be_nan_but_not_the_inputs(files, tmp_p
                                         r"a non-finite value \(nan\) at time step 1 \(.*\) of "
                                         "batch row 1$"):
         forecast(ckpt, open_dataset(tmp_path / "nan.nc"), stats, 2)
+
+
+def test_lead_times_are_6_hour_steps_whatever_time_holds(files):
+    # Lead times were time[1] - time[0] as nanoseconds: 1 ns, 2 ns without a `time`
+    # coordinate, 6 ns, 12 ns for a `time` of hours.
+    ckpt, stats = read_checkpoint(files / "ckpt.npz"), load_stats(files / "stats")
+    ds = open_dataset(files / "data.nc")
+    pred = forecast(ckpt, ds.drop_vars("time"), stats, np.int64(2))
+    assert pred.time.values.tolist() == np.asarray([6, 12], "timedelta64[h]").astype(
+        "timedelta64[ns]").tolist()
+    hours = ds.assign_coords(time=("time", np.arange(ds.sizes["time"]) * 6))
+    with pytest.raises(DataError, match=f"^{files / 'data.nc'}: time holds int64 values, it "
+                                        r"must hold lead times \(timedelta64"):
+        forecast(ckpt, hours, stats, 2)

@@ -168,3 +168,98 @@ def test_a_checkpoint_whose_paths_are_no_graphcast_modules_is_a_checkpoint_error
     params = {"grid2mesh_gnn/~_networks_builder/foo": {"w": np.zeros(2, np.float32)}}
     with pytest.raises(CheckpointError, match=r"^ckpt\.npz: params: params is invalid: "):
         check_params(params, model, task, "ckpt.npz")
+
+
+def _wrong_kind_calls():
+    """(id, call(context), argument named, what is allowed) of the weather API's entry
+    points; `context` holds good arguments (`ds`, `stats`, `ckpt`, `tmp`)."""
+    from gclab.weather import Checkpoint, from_flat, to_flat, write_checkpoint
+    from gclab.weather.forecast import forecast
+
+    ds_words = "an xarray.Dataset (open_dataset(path))"
+    stats_words = "a Stats (load_stats(folder))"
+    lat, lon = np.linspace(-90, 90, 7), np.arange(12) * 30.0
+    return [
+        ("check_dataset(path)", lambda c: wd.check_dataset("d.nc", TASK), "ds", ds_words),
+        ("check_dataset(task=None)", lambda c: wd.check_dataset(c["ds"], None), "task",
+         "a TaskConfig"),
+        ("compute_stats(path)", lambda c: wd.compute_stats("d.nc"), "ds", ds_words),
+        ("raw_example(path)", lambda c: wd.raw_example("d.nc", TASK), "ds", ds_words),
+        ("check_times(path)", lambda c: wd.check_times("d.nc"), "ds", ds_words),
+        ("add_derived_vars(path)", lambda c: wd.add_derived_vars("d.nc"), "ds", ds_words),
+        ("normalization_from_stats(path)",
+         lambda c: wd.normalization_from_stats("stats", TASK), "stats", stats_words),
+        ("normalization_from_stats(task=None)",
+         lambda c: wd.normalization_from_stats(c["stats"], None), "task", "a TaskConfig"),
+        ("normalization_from_stats(mean=path)",
+         lambda c: wd.normalization_from_stats(c["stats"]._replace(mean="m.nc"), TASK),
+         "stats.mean", "an xarray.Dataset (load_stats(folder))"),
+        ("DatasetWeather(path)",
+         lambda c: wd.DatasetWeather("d.nc", TASK, c["stats"], lat, lon), "ds", ds_words),
+        ("DatasetWeather(stats=path)",
+         lambda c: wd.DatasetWeather(c["ds"], TASK, "stats", lat, lon), "stats", stats_words),
+        ("write_stats(tuple)", lambda c: wd.write_stats((1, 2, 3), c["tmp"]), "stats",
+         stats_words),
+        ("write_stats(folder=None)", lambda c: wd.write_stats(c["stats"], None), "folder",
+         "a str or os.PathLike (the statistics folder)"),
+        ("load_stats(None)", lambda c: wd.load_stats(None), "folder",
+         "a str or os.PathLike (the statistics folder)"),
+        ("open_dataset(None)", lambda c: wd.open_dataset(None), "path",
+         "a str or os.PathLike (a netCDF file or zarr folder)"),
+        ("write_dataset(path)", lambda c: wd.write_dataset("d.nc", c["tmp"] / "x.nc"), "ds",
+         ds_words),
+        ("forecast(ds=path)", lambda c: forecast(c["ckpt"], "d.nc", c["stats"], 1), "ds",
+         ds_words),
+        ("forecast(ckpt=path)", lambda c: forecast("c.npz", c["ds"], c["stats"], 1), "ckpt",
+         "a Checkpoint (read_checkpoint(path))"),
+        ("forecast(stats=path)", lambda c: forecast(c["ckpt"], c["ds"], "stats", 1), "stats",
+         stats_words),
+        ("forecast(memory=str)",
+         lambda c: forecast(c["ckpt"], c["ds"], c["stats"], 1, memory="lean"), "memory",
+         "a MemoryConfig or None"),
+        ("from_flat(list)", lambda c: from_flat([1, 2]), "flat",
+         "a {key: array} mapping (read_flat(path))"),
+        ("to_flat(str)", lambda c: to_flat("x"), "ckpt",
+         "a Checkpoint (read_checkpoint(path) or Checkpoint.from_gclab)"),
+        ("write_checkpoint(dict)", lambda c: write_checkpoint(c["tmp"] / "c.npz", {}), "ckpt",
+         "a Checkpoint (read_checkpoint(path) or Checkpoint.from_gclab)"),
+        ("Checkpoint.from_gclab(params=None)",
+         lambda c: Checkpoint.from_gclab(None, CFG, TASK), "params",
+         "a {module: {name: array}} mapping"),
+        ("Checkpoint.from_gclab(task=None)",
+         lambda c: Checkpoint.from_gclab(c["ckpt"].params, CFG, None), "task", "a TaskConfig"),
+    ]
+
+
+@pytest.mark.parametrize("call, name, allowed", [c[1:] for c in _wrong_kind_calls()],
+                         ids=[c[0] for c in _wrong_kind_calls()])
+def test_arguments_of_the_wrong_kind_are_named(dataset, tmp_path, call, name, allowed):
+    # Each was an AttributeError from inside ('str' object has no attribute 'encoding',
+    # 'NoneType' object has no attribute 'pressure_levels', ...) or os's TypeError.
+    from gclab.weather import Checkpoint
+
+    context = {"ds": dataset, "stats": wd.compute_stats(dataset), "tmp": tmp_path,
+               "ckpt": Checkpoint.from_gclab(_params(TASK), CFG, TASK)}
+    with pytest.raises(TypeError) as e:
+        call(context)
+    assert isinstance(e.value, ValueError)  # WrongType: the command line's one line
+    assert re.match(rf"^{re.escape(name)}(=.*)? is invalid: {re.escape(allowed)}, not ",
+                    str(e.value)), str(e.value)
+    assert list(tmp_path.iterdir()) == []  # nothing written
+
+
+def test_forecast_checks_steps_first(dataset):
+    # steps=0 was named "rollout=0", after the graphs were built.
+    from gclab.weather import Checkpoint
+    from gclab.weather.forecast import forecast
+
+    ckpt = Checkpoint.from_gclab(_params(TASK), CFG, TASK)
+    stats = wd.compute_stats(dataset)
+    for bad in (0, -1):
+        with pytest.raises(ValueError, match=f"^forecast steps={bad} is invalid: an integer "
+                                             ">= 1$"):
+            forecast(ckpt, dataset, stats, bad)
+    for bad in ("2", 2.0, None):
+        with pytest.raises(TypeError, match=f"^forecast steps={bad!r} is invalid: an integer "
+                                            ">= 1$"):
+            forecast(ckpt, dataset, stats, bad)

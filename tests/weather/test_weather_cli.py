@@ -175,6 +175,10 @@ def bad(files):
     nan = ds.copy(deep=True)
     nan["2m_temperature"][0, 1, 3, 4] = np.nan  # an input frame
     write_dataset(nan, root / "nan.nc")
+    write_dataset(ds.isel(time=[0]), root / "one.nc")
+    write_dataset(ds.assign_coords(time=("time", np.arange(4) * 6)), root / "hours_int.nc")
+    write_dataset(ds.assign({"2m_temperature": ds["2m_temperature"].expand_dims(member=2)}),
+                  root / "member.nc")
     for name, hours in (("hours.nc", [0, 3, 6, 9]), ("repeat.nc", [0, 6, 6, 12]),
                         ("unsorted.nc", [0, 12, 6, 18])):
         dt = ds.datetime.values[:, :1] + np.asarray(hours, "timedelta64[h]")[None]
@@ -210,6 +214,11 @@ STEPS = "; GraphCast's time steps are 6 hours apart, in increasing order"
                                 "12 hours apart (time steps 0 and 1)" + STEPS),
     ({"--data": "damaged.zarr"}, "{root}/damaged.zarr: variable 'temperature' could not be "
                                  "read, a chunk of it is damaged ("),
+    ({"--data": "hours_int.nc"}, "--data/--stats: {root}/hours_int.nc: time holds int64 "
+                                 "values, it must hold lead times (timedelta64"),
+    ({"--data": "member.nc"}, "--data/--stats: {root}/member.nc: variable '2m_temperature' has "
+                              "dims ('member', 'batch', 'time', 'lat', 'lon'); a surface "
+                              "variable's dims are time, lat, lon and, optionally, batch"),
     ({"--checkpoint": "nan.npz"}, "--checkpoint {root}/nan.npz: params:mesh2grid_gnn/~_networks"
      "_builder/decoder_nodes_grid_nodes_mlp/~/linear_1:b holds a non-finite value (nan) at "
      "index (2,); parameters must be finite"),
@@ -234,6 +243,8 @@ def test_bad_values_in_forecast_inputs_get_one_line(files, bad, capsys, change, 
     ("hours.nc", "--data: {root}/hours.nc: datetime has time steps 3 hours apart"),
     ("damaged.zarr", "--data: {root}/damaged.zarr: variable 'temperature' could not be read, "
                      "a chunk of it is damaged ("),
+    ("one.nc", "--data: {root}/one.nc: the dataset has 1 time step; the standard deviation of "
+               "the 6-hour change (diffs_stddev_by_level.nc) needs at least 2 time steps"),
 ])
 def test_bad_values_in_stats_data_get_one_line(files, bad, capsys, data, text):
     before = _contents(files)  # --out holds an earlier set of statistics
@@ -247,6 +258,8 @@ def test_bad_values_in_stats_data_get_one_line(files, bad, capsys, data, text):
                            "(nan) at time step 1"),
     ({"--stats": "zerostd"}, "--stats {root}/zerostd: stddev_by_level.nc: '2m_temperature' "
                              "is 0"),
+    ({"--data": "member.nc"}, "--data/--stats: {root}/member.nc: variable '2m_temperature' has "
+                              "dims ('member', 'batch', 'time', 'lat', 'lon')"),
 ])
 def test_bad_values_in_training_data_get_one_line(files, bad, capsys, change, text):
     args = {"--init-checkpoint": str(files / "ckpt.npz"), "--data": str(files / "data.nc"),

@@ -1,0 +1,115 @@
+"""Bad arguments to `gpipe`: refused while tracing, from static shapes, with a ValueError
+(TypeError for a wrong type) naming the argument, never a silently wrong schedule.
+
+Traced under an abstract mesh (no devices needed) and inside `jax.jit`, as the network
+traces it: the checks read shapes only, never an array's values.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import AbstractMesh, AxisType
+
+from gclab.parallel import PIPELINE_AXIS, gpipe
+
+
+def _first(p, state, x):
+    return x + p, jnp.zeros_like(x)
+
+
+def _last(p, state, x):
+    return state, 10 * state
+
+
+def _trace(xs, microbatches, stages=(_first, _last)):
+    """The jaxpr of `gpipe` over `xs` (ShapeDtypeStructs), jitted, on a 2-stage mesh."""
+    mesh = AbstractMesh((2,), (PIPELINE_AXIS,), axis_types=(AxisType.Auto,))
+    state = jnp.zeros(1)
+
+    @jax.jit
+    def run(p, xs):
+        return gpipe(list(stages), p, xs, state, microbatches)
+
+    with jax.sharding.use_abstract_mesh(mesh):
+        return jax.make_jaxpr(run)(jax.ShapeDtypeStruct((), jnp.float32), xs)
+
+
+def _rows(*shape):
+    return jax.ShapeDtypeStruct(shape, jnp.float32)
+
+
+def test_gpipe_takes_micro_batches_that_match_numpy_counts_included():
+    for m in (4, np.int64(4), np.int32(4)):
+        jaxpr = _trace(_rows(4, 1), m)
+        assert jaxpr.out_avals[0].shape == (4, 1)
+
+
+@pytest.mark.parametrize("m", [2, 6], ids=repr)
+def test_gpipe_refuses_micro_batches_other_than_the_leading_dimension_of_xs(m):
+    # Stage 0 reads micro-batch min(t, M - 1): 2 of 4 would drop two, 6 of 4 repeat one.
+    with pytest.raises(ValueError) as e:
+        _trace(_rows(4, 1), m)
+    assert str(e.value) == (f"gpipe xs of shape (4, 1) is invalid: every leaf of xs is "
+                            f"[microbatches, ...] = [{m}, ...]")
+
+
+def test_gpipe_names_the_leaf_of_xs_that_does_not_match():
+    def first(p, state, x):
+        return x["a"] + x["b"] + p, jnp.zeros(1)
+
+    xs = {"a": _rows(3, 1), "b": _rows(2, 1)}
+    with pytest.raises(ValueError, match=r"^gpipe xs\['b'\] of shape \(2, 1\) is invalid"):
+        _trace(xs, 3, (first, _last))
+    with pytest.raises(ValueError, match=r"^gpipe xs of shape \(\) is invalid"):
+        _trace(_rows(), 1)
+
+
+@pytest.mark.parametrize("m,error,words", [
+    (0, ValueError, "gpipe microbatches=0 is invalid: an integer >= 1"),
+    (-1, ValueError, "gpipe microbatches=-1 is invalid: an integer >= 1"),
+    (np.int64(0), ValueError, f"gpipe microbatches={np.int64(0)!r} is invalid: an integer >= 1"),
+    (4.0, TypeError, "gpipe microbatches=4.0 is invalid: an integer >= 1"),
+    ("4", TypeError, "gpipe microbatches='4' is invalid: an integer >= 1"),
+], ids=repr)
+def test_gpipe_refuses_a_micro_batch_count_that_is_not_a_positive_integer(m, error, words):
+    with pytest.raises(error) as e:
+        _trace(_rows(4, 1), m)
+    assert str(e.value) == words
+
+
+def test_gpipe_refuses_no_stages():
+    with pytest.raises(ValueError) as e:
+        _trace(_rows(4, 1), 4, stages=())
+    assert str(e.value) == "gpipe stages=[] is invalid: at least one stage function"
+
+
+@pytest.mark.parametrize("kwargs,error,words", [
+    ({"batch": 1.5}, TypeError, "plan_layout: batch=1.5 is invalid: an integer >= 1"),
+    ({"batch": "2"}, TypeError, "plan_layout: batch='2' is invalid"),
+    ({"rollout": 0}, ValueError, "plan_layout: rollout=0 is invalid"),
+    ({"precision": "f16"}, ValueError, "plan_layout: precision='f16' is invalid: one of f32"),
+    ({"recipes": "lean"}, TypeError, "plan_layout: recipes='lean' is invalid: a list of "
+                                     "recipe names"),
+    ({"recipes": []}, ValueError, "plan_layout: recipes=[] is invalid: at least one"),
+    ({"recipes": ["nope"]}, ValueError, "'nope'"),
+    ({"model": "cpu-4x32"}, TypeError, "plan_layout: model='cpu-4x32' is invalid: a "
+                                       "ModelConfig, not a str"),
+], ids=repr)
+def test_plan_layout_names_a_bad_argument_before_compiling(kwargs, error, words, monkeypatch):
+    # Guards against a batch of 1.5 reported as "no layout divides batch 1.5", a recipe
+    # name read letter by letter, and an empty list taken for every recipe.
+    from gclab.config import get_preset
+    from gclab.sizing import layout_plan
+
+    def no_compile(*args, **kwargs):
+        raise AssertionError("plan_layout compiled before refusing its arguments")
+
+    monkeypatch.setattr(layout_plan, "compile_train_step", no_compile)
+    preset = get_preset("cpu-4x32")
+    args = {"model": preset.model, "task": preset.task, "devices": 2, **kwargs}
+    with pytest.raises(error) as e:
+        layout_plan.plan_layout("1GiB", **args)
+    assert words in str(e.value), str(e.value)
