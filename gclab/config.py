@@ -7,8 +7,9 @@ One frozen dataclass per concern:
 * `TaskConfig`: what goes in and comes out of a grid node (pressure levels, inputs).
 * `MemoryConfig` lives in `gclab.memory` (memory techniques are their own concern).
 
-Every field is validated on construction; a bad value raises `ValueError` naming the
-field and what is allowed.
+Every field is validated on construction; a bad value raises `ConfigError`, a
+`ValueError` naming the field and what is allowed (`ConfigWrongType`, a `WrongType` too,
+for a value of a kind the field does not allow).
 
 The one rule for bad arguments, here and in every gclab module: a value of a kind that is
 not allowed raises `WrongType`, which is both a `TypeError` (as Python's own functions
@@ -91,12 +92,15 @@ class ConfigError(ValueError):
         self.owner, self.field, self.value, self.allowed = owner, field, value, allowed
 
 
-def invalid(config: object, field: str, allowed: str) -> NoReturn:
+def invalid(config: object, field: str, allowed: str, wrong_kind: bool = False) -> NoReturn:
     """Raises the error every gclab config gives for a bad field value.
 
-    ``ConfigError("<Class>.<field>=<value> is invalid: <allowed>.")``, a `ValueError`.
+    ``ConfigError("<Class>.<field>=<value> is invalid: <allowed>.")``, a `ValueError`;
+    `ConfigWrongType`, a `WrongType` as well, where `wrong_kind` (the value is of a kind
+    the field does not allow: a str where a number goes, say).
     """
-    raise ConfigError(type(config).__name__, field, getattr(config, field), allowed)
+    error = ConfigWrongType if wrong_kind else ConfigError
+    raise error(type(config).__name__, field, getattr(config, field), allowed)
 
 
 class WrongType(TypeError, ValueError):
@@ -104,6 +108,10 @@ class WrongType(TypeError, ValueError):
 
     A `TypeError` and a `ValueError` at once: see the module's docstring for why.
     """
+
+
+class ConfigWrongType(ConfigError, WrongType):
+    """A config field with a value of a kind it does not allow (`invalid(..., wrong_kind=True)`)."""
 
 
 def _shown(name: str, value: object) -> str:
@@ -245,7 +253,8 @@ class ModelConfig:
         res = self.resolution
         if not is_number(res) or not 0 < res <= 180:
             invalid(self, "resolution",
-                    "a positive number of degrees, at most 180, that divides 180")
+                    "a positive number of degrees, at most 180, that divides 180",
+                    wrong_kind=not is_number(res))
         n = 180.0 / res
         if abs(n - round(n)) > 1e-9 or abs(360.0 / res - round(360.0 / res)) > 1e-9:
             invalid(self, "resolution", "180 / resolution must be a whole number "
@@ -256,18 +265,21 @@ class ModelConfig:
             invalid(self, "resolution", f"a grid of at most {MAX_GRID_NODES:,} nodes (int32 "
                     f"indices, about 0.0055 deg), and this one has {count}")
         if not is_int(self.mesh_splits) or not 0 <= self.mesh_splits <= MAX_MESH_SPLITS:
-            invalid(self, "mesh_splits", f"an integer in 0..{MAX_MESH_SPLITS}")
+            invalid(self, "mesh_splits", f"an integer in 0..{MAX_MESH_SPLITS}",
+                    wrong_kind=not is_int(self.mesh_splits))
         for field in ("latent_size", "processor_steps", "hidden_layers"):
             v = getattr(self, field)
             if not is_int(v) or not 1 <= v <= MAX_INT32:
-                invalid(self, field, f"an integer >= 1 (and <= {MAX_INT32})")
+                invalid(self, field, f"an integer >= 1 (and <= {MAX_INT32})",
+                        wrong_kind=not is_int(v))
         f = self.radius_query_fraction_edge_length
         if not is_number(f) or not 0 < f <= MAX_RADIUS_FRACTION:
             invalid(self, "radius_query_fraction_edge_length",
-                    f"a number > 0 (and <= {MAX_RADIUS_FRACTION:g})")
+                    f"a number > 0 (and <= {MAX_RADIUS_FRACTION:g})", wrong_kind=not is_number(f))
         g = self.mesh2grid_edge_normalization_factor
         if g is not None and (not is_number(g) or not g > 0 or math.isinf(g)):
-            invalid(self, "mesh2grid_edge_normalization_factor", "None or a finite number > 0")
+            invalid(self, "mesh2grid_edge_normalization_factor", "None or a finite number > 0",
+                    wrong_kind=not is_number(g))
         normalise_numbers(self, ("mesh_splits", "latent_size", "processor_steps",
                                  "hidden_layers"),
                           ("resolution", "radius_query_fraction_edge_length",
@@ -320,13 +332,14 @@ class TaskConfig:
         if not isinstance(levels, tuple) or not levels or not all(
                 is_number(p) and 0 < p < math.inf for p in levels):
             invalid(self, "pressure_levels", "a non-empty tuple of positive finite "
-                    "pressures (hPa)")
+                    "pressures (hPa)", wrong_kind=not isinstance(levels, tuple)
+                    or not all(is_number(p) for p in levels))
         if len(set(levels)) != len(levels):
             invalid(self, "pressure_levels", "pressures must be distinct")
         object.__setattr__(self, "pressure_levels",
                            tuple(int(p) if is_int(p) else float(p) for p in levels))
         if not isinstance(self.precipitation_input, bool):
-            invalid(self, "precipitation_input", "True or False")
+            invalid(self, "precipitation_input", "True or False", wrong_kind=True)
 
     @classmethod
     def from_levels(cls, levels: int, precipitation_input: bool = True) -> "TaskConfig":

@@ -117,11 +117,13 @@ def test_a_wrong_kind_is_a_type_error_and_a_value_error():
     that is a TypeError (as Python's own functions raise) and a ValueError (as every other bad
     argument raises, and as the command line catches to report in one line)."""
     from gclab.config import ModelConfig, TaskConfig, require_count
+    from gclab.memory import MemoryConfig
     from gclab.notebook import live_configs
+    from gclab.parallel import ParallelConfig
     from gclab.sizing import StepSpec
     from gclab.training.data import SyntheticWeather
     from gclab.training.losses import level_weights
-    from gclab.training.step import make_optimizer
+    from gclab.training.step import TrainConfig, make_optimizer
     from gclab.weather.checkpoint import read_checkpoint
 
     task = TaskConfig()
@@ -129,14 +131,28 @@ def test_a_wrong_kind_is_a_type_error_and_a_value_error():
                  lambda: StepSpec("graphcast", task), lambda: SyntheticWeather(13, 10.0),
                  lambda: read_checkpoint(3), lambda: live_configs("03", "cpu-4x32"),
                  lambda: require_count("steps", "3", 1), lambda: require_count("steps", 2.0, 1),
-                 lambda: StepSpec(ModelConfig(), task, memory="lean")):
+                 lambda: StepSpec(ModelConfig(), task, memory="lean"),
+                 lambda: StepSpec(ModelConfig(), task, batch="2"),
+                 lambda: StepSpec(ModelConfig(), task, parallel="data:2"),
+                 # Config fields: a ConfigError naming the field, and a TypeError.
+                 lambda: ModelConfig(latent_size="16"), lambda: ModelConfig(resolution="1"),
+                 lambda: TaskConfig(pressure_levels="500"),
+                 lambda: TaskConfig(pressure_levels=(500, "850")),
+                 lambda: MemoryConfig(microbatches=2.0), lambda: MemoryConfig(donate=1),
+                 lambda: MemoryConfig(precision=16), lambda: ParallelConfig(data="2"),
+                 lambda: ParallelConfig(pipeline=2, stage_steps=(1, "1")),
+                 lambda: TrainConfig(b1="0.9"), lambda: TrainConfig(warmup_steps=1.5)):
         with pytest.raises(TypeError) as e:
             call()
         assert isinstance(e.value, ValueError), repr(e.value)
     # A bad value of an allowed kind is no TypeError.
-    with pytest.raises(ValueError) as e:
-        require_count("steps", 0, 1)
-    assert not isinstance(e.value, TypeError)
+    for call in (lambda: require_count("steps", 0, 1), lambda: ModelConfig(latent_size=0),
+                 lambda: MemoryConfig(precision="f16"), lambda: TaskConfig(pressure_levels=()),
+                 lambda: StepSpec(ModelConfig(), task, batch=0),
+                 lambda: TrainConfig(b1=1.5), lambda: ParallelConfig(data=0)):
+        with pytest.raises(ValueError) as e:
+            call()
+        assert not isinstance(e.value, TypeError), repr(e.value)
 
 
 def test_require_kind_names_what_is_allowed_and_what_was_given():

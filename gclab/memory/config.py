@@ -91,30 +91,36 @@ class MemoryConfig:
 
     def __post_init__(self) -> None:
         if not isinstance(self.processor_remat, str) or self.processor_remat not in REMAT_KINDS:
-            invalid(self, "processor_remat", "one of " + ", ".join(REMAT_KINDS))
+            invalid(self, "processor_remat", "one of " + ", ".join(REMAT_KINDS),
+                    wrong_kind=not isinstance(self.processor_remat, str))
         if not is_int(self.remat_group_size) or not 1 <= self.remat_group_size <= MAX_INT32:
-            invalid(self, "remat_group_size", f"an integer >= 1 (and <= {MAX_INT32})")
+            invalid(self, "remat_group_size", f"an integer >= 1 (and <= {MAX_INT32})",
+                    wrong_kind=not is_int(self.remat_group_size))
         r = self.remat_ratio
         if not is_number(r) or not 0 <= r <= 1:
-            invalid(self, "remat_ratio", "a number in [0, 1]")
+            invalid(self, "remat_ratio", "a number in [0, 1]", wrong_kind=not is_number(r))
         if not isinstance(self.remat_policy, str) or self.remat_policy not in REMAT_POLICIES:
-            invalid(self, "remat_policy", "one of " + ", ".join(REMAT_POLICIES))
+            invalid(self, "remat_policy", "one of " + ", ".join(REMAT_POLICIES),
+                    wrong_kind=not isinstance(self.remat_policy, str))
         for field in ("checkpoint_encoder", "checkpoint_decoder", "processor_edge_blocks",
                       "gather_after_matmul", "float32_aggregation", "rollout_remat", "donate",
                       "stream_grid_nodes", "recompute_layer_norm"):
             if not isinstance(getattr(self, field), bool):
-                invalid(self, field, "True or False")
+                invalid(self, field, "True or False", wrong_kind=True)
         if self.edge_block_size is not None and (
                 not is_int(self.edge_block_size) or not 1 <= self.edge_block_size <= MAX_INT32):
-            invalid(self, "edge_block_size", f"None or an integer >= 1 (and <= {MAX_INT32})")
+            invalid(self, "edge_block_size", f"None or an integer >= 1 (and <= {MAX_INT32})",
+                    wrong_kind=not is_int(self.edge_block_size))
         if self.processor_edge_blocks and self.edge_block_size is None:
             invalid(self, "processor_edge_blocks", "needs edge_block_size to be set")
         if self.stream_grid_nodes and self.edge_block_size is None:
             invalid(self, "stream_grid_nodes", "needs edge_block_size to be set")
         if not isinstance(self.precision, str) or self.precision not in PRECISIONS:
-            invalid(self, "precision", "one of " + ", ".join(PRECISIONS))
+            invalid(self, "precision", "one of " + ", ".join(PRECISIONS),
+                    wrong_kind=not isinstance(self.precision, str))
         if not is_int(self.microbatches) or not 1 <= self.microbatches <= MAX_INT32:
-            invalid(self, "microbatches", f"an integer >= 1 (and <= {MAX_INT32})")
+            invalid(self, "microbatches", f"an integer >= 1 (and <= {MAX_INT32})",
+                    wrong_kind=not is_int(self.microbatches))
         normalise_numbers(self, ("remat_group_size", "edge_block_size", "microbatches"),
                           ("remat_ratio",))
 

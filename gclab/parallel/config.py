@@ -96,10 +96,12 @@ class ParallelConfig:
         for field in sizes:
             v = getattr(self, field)
             if not is_int(v) or not 1 <= v <= MAX_INT32:
-                invalid(self, field, f"an integer >= 1 (and <= {MAX_INT32})")
+                invalid(self, field, f"an integer >= 1 (and <= {MAX_INT32})",
+                        wrong_kind=not is_int(v))
         normalise_numbers(self, sizes)
         if self.mesh_nodes not in MESH_NODES:
-            invalid(self, "mesh_nodes", "one of " + ", ".join(MESH_NODES))
+            invalid(self, "mesh_nodes", "one of " + ", ".join(MESH_NODES),
+                    wrong_kind=not isinstance(self.mesh_nodes, str))
         for field, least in (("stage_steps", 1), ("stage_remat", 0)):
             v = getattr(self, field)
             if v is None:
@@ -107,7 +109,8 @@ class ParallelConfig:
             if (not isinstance(v, (tuple, list)) or len(v) != self.pipeline
                     or not all(is_int(n) and n >= least for n in v)):
                 invalid(self, field, f"None or {self.pipeline} integers >= {least}, one per "
-                        "pipeline stage")
+                        "pipeline stage", wrong_kind=not isinstance(v, (tuple, list))
+                        or not all(is_int(n) for n in v))
             object.__setattr__(self, field, tuple(int(n) for n in v))
         if self.pipeline == 1 and (self.microbatches != 1 or self.stage_steps is not None
                                    or self.stage_remat is not None):

@@ -25,7 +25,7 @@ tick), so `predicted_step_bytes` is the largest stage plus those; a test checks 
 against the compiled step. Time is counted in ticks of the GPipe schedule: every tick
 lasts as long as the slowest stage's work on one micro-batch,
 
-    tick = max_s (4 W_s + n_s W_step) + state_bytes / link_bytes_per_s
+    tick = max_s ((4 + r) W_s + n_s W_step + e_s) + state_bytes / link_bytes_per_s
     step = (M + P - 1) x tick,
 
 W_s the time of stage s's forward on one micro-batch (its steps, plus encoder or
@@ -33,7 +33,10 @@ decoder), its FLOPs over flops_per_s plus the bytes its activations move over
 memory_bytes_per_s (`gclab.sizing.analytical.stage_work`, the counts every other planner
 of gclab ranks with): its forward, the forward again before the backward (the stage's
 checkpoint), the backward (two forwards), one more forward per checkpointed step, and the
-state a stage sends per tick over the link. The MILP (`scipy.optimize.milp`) has integer
+state a stage sends per tick over the link. What the recipe itself recomputes is counted
+as for every other layout (`analytical.recompute_runs`): r more forwards under
+`rollout_remat`, and e_s, the encoder's (first stage) or decoder's (last) reruns under
+their checkpoints or edge blocks. The MILP (`scipy.optimize.milp`) has integer
 k_s, n_s and a continuous tick t >= every stage's time; it minimises t. A stage
 checkpoints none of its steps or at least two (`MIN_CHECKPOINTED`: one saves nothing
 under the stage's checkpoint).
@@ -78,6 +81,9 @@ class StageCosts:
         moved).
       encoder_seconds, decoder_seconds: the encoder's and decoder's forward on one.
       link_seconds: sending one micro-batch's state to the next stage.
+      forward_runs: more forwards of every stage the recipe runs (`rollout_remat`).
+      encoder_runs, decoder_runs: more runs of the encoder (first stage) and decoder
+        (last) the recipe's checkpoints or edge blocks make.
     """
     base: dict
     stored: float
@@ -86,6 +92,9 @@ class StageCosts:
     encoder_seconds: float
     decoder_seconds: float
     link_seconds: float = 0.0
+    forward_runs: float = 0.0
+    encoder_runs: float = 0.0
+    decoder_runs: float = 0.0
 
     def kind(self, stage: int, stages: int) -> str:
         return "first" if stage == 0 else "last" if stage == stages - 1 else "middle"
@@ -97,12 +106,15 @@ class StageCosts:
 
     def seconds(self, stage: int, stages: int, steps: int, checkpointed: int) -> float:
         """Predicted seconds of one tick's work (forward and backward of one micro-batch)."""
-        fixed = {"first": self.encoder_seconds, "last": self.decoder_seconds}.get(
-            self.kind(stage, stages), 0.0)
+        kind = self.kind(stage, stages)
+        fixed = {"first": self.encoder_seconds, "last": self.decoder_seconds}.get(kind, 0.0)
+        rerun = {"first": self.encoder_runs * self.encoder_seconds,
+                 "last": self.decoder_runs * self.decoder_seconds}.get(kind, 0.0)
         # Forward, the stage's forward again (its checkpoint) and backward (twice a
-        # forward), plus the checkpointed steps' second forward inside that backward.
-        return (4 * (fixed + steps * self.step_seconds) + checkpointed * self.step_seconds
-                + self.link_seconds)
+        # forward), plus the checkpointed steps' second forward inside that backward and
+        # what the recipe reruns.
+        return ((4 + self.forward_runs) * (fixed + steps * self.step_seconds) + rerun
+                + checkpointed * self.step_seconds + self.link_seconds)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -205,8 +217,8 @@ def solve_milp(costs: StageCosts, steps: int, stages: int, microbatches: int,
         row({s: costs.stored / unit_b, P + s: (costs.checkpointed - costs.stored) / unit_b,
              Mv: -1}, -np.inf, -costs.base[kind] / unit_b)  # it is at most m
         fixed = costs.seconds(s, P, 0, 0) / unit_s
-        row({s: 4 * costs.step_seconds / unit_s, P + s: costs.step_seconds / unit_s,
-             T: -1}, -np.inf, -fixed)  # its tick is at most t
+        row({s: (4 + costs.forward_runs) * costs.step_seconds / unit_s,
+             P + s: costs.step_seconds / unit_s, T: -1}, -np.inf, -fixed)  # tick <= t
     # Ties: m (in budgets, at most one) costs far less than any change of t (a step), and
     # a checkpointed step far less than a change of m by a thousandth of the budget; the
     # solver closes the gap fully, so that the ties hold.
@@ -388,11 +400,32 @@ def fit_stage_costs(model: ModelConfig, task: TaskConfig, memory: MemoryConfig,
     more = state_bytes * max(0, stages - P)  # states of the ticks the fit's pipeline lacks
     base = {"middle": base_mid + more, "first": compiled(0, 2, 0) - 2 * stored + more,
             "last": compiled(P - 1, 2, 0) - 2 * stored + more}
+    return StageCosts(base, float(stored), float(checkpointed),
+                      **stage_times(model, task, memory, microbatch, flops_per_s,
+                                    link_bytes_per_s, counts, memory_bytes_per_s))
+
+
+def stage_times(model: ModelConfig, task: TaskConfig, memory: MemoryConfig, microbatch: int,
+                flops_per_s: float, link_bytes_per_s: float,
+                counts: Optional[analytical.GraphCounts] = None,
+                memory_bytes_per_s: float = math.inf) -> dict:
+    """The time fields of `StageCosts` (no compile): each part's forward on one micro-batch
+    of `microbatch` samples, FLOPs at `flops_per_s` and activation bytes at
+    `memory_bytes_per_s`, a state's send at `link_bytes_per_s`, and what the recipe reruns
+    (`analytical.recompute_runs`; its processor remat is the stages', `stage_remat`)."""
+    counts = counts if counts is not None else analytical.GraphCounts.for_model(model)
+    itemsize = 2 if memory.precision == "bf16" else 4
+    state_bytes = itemsize * microbatch * model.latent_size * (
+        counts.grid_nodes + counts.mesh_nodes + counts.mesh_edges)
     work = analytical.stage_work(model, task, counts, microbatch, memory)
     seconds = {part: flops / flops_per_s + itemsize * moved / memory_bytes_per_s
                for part, (flops, moved) in work.items()}
-    return StageCosts(base, float(stored), float(checkpointed), seconds["processor_step"],
-                      seconds["encoder"], seconds["decoder"], state_bytes / link_bytes_per_s)
+    runs = analytical.recompute_runs(memory.replace(processor_remat="none"),
+                                     model.processor_steps)
+    return {"step_seconds": seconds["processor_step"], "encoder_seconds": seconds["encoder"],
+            "decoder_seconds": seconds["decoder"],
+            "link_seconds": state_bytes / link_bytes_per_s, "forward_runs": runs["forward"],
+            "encoder_runs": runs["encoder"], "decoder_runs": runs["decoder"]}
 
 
 @dataclasses.dataclass(frozen=True)

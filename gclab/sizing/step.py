@@ -25,7 +25,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from gclab import training
-from gclab.config import MAX_INT32, ModelConfig, TaskConfig, a_kind, is_int, require_kind
+from gclab.config import (
+    MAX_INT32,
+    ModelConfig,
+    TaskConfig,
+    WrongType,
+    a_kind,
+    is_int,
+    require_kind,
+)
 from gclab.devices import usable_bytes
 from gclab.geometry.graphs import Graphs, graphs_for
 from gclab.limits import MAX_PLANNED_BYTES, host_memory_bytes, require_fits
@@ -66,14 +74,14 @@ class StepSpec:
         for field in ("batch", "rollout"):
             v = getattr(self, field)
             if not is_int(v) or not 1 <= v <= MAX_INT32:
-                raise ValueError(f"StepSpec.{field}={v!r} is invalid: an integer >= 1 "
-                                 f"(and <= {MAX_INT32}).")
+                error = ValueError if is_int(v) else WrongType
+                raise error(f"StepSpec.{field}={v!r} is invalid: an integer >= 1 "
+                            f"(and <= {MAX_INT32}).")
             object.__setattr__(self, field, int(v))
         if self.batch % self.memory.microbatches:
             raise ValueError(f"StepSpec.batch={self.batch} is invalid: it must be a multiple "
                              f"of MemoryConfig.microbatches={self.memory.microbatches}.")
-        if not isinstance(self.parallel, ParallelConfig):
-            raise ValueError(f"StepSpec.parallel={self.parallel!r} is invalid: a ParallelConfig.")
+        require_kind("StepSpec.parallel", self.parallel, ParallelConfig)
         multiple = self.parallel.data * self.memory.microbatches * self.parallel.microbatches
         if self.batch % multiple:
             raise ValueError(f"StepSpec.batch={self.batch} is invalid: it must be a multiple of "

@@ -79,20 +79,21 @@ class TrainConfig:
         for f in ("peak_learning_rate", "end_learning_rate", "weight_decay"):
             v = getattr(self, f)
             if not is_number(v) or not 0 <= v < math.inf:
-                invalid(self, f, "a finite number >= 0")
+                invalid(self, f, "a finite number >= 0", wrong_kind=not is_number(v))
         for f in ("warmup_steps", "total_steps"):
             v = getattr(self, f)
             if not is_int(v) or v < 0:
-                invalid(self, f, "an integer >= 0")
+                invalid(self, f, "an integer >= 0", wrong_kind=not is_int(v))
         if self.total_steps <= self.warmup_steps:
             invalid(self, "total_steps", f"more than warmup_steps={self.warmup_steps}")
         for f in ("b1", "b2"):
             v = getattr(self, f)
             if not is_number(v) or not 0 <= v < 1:
-                invalid(self, f, "a number in [0, 1)")
+                invalid(self, f, "a number in [0, 1)", wrong_kind=not is_number(v))
         g = self.grad_clip
         if g is not None and (not is_number(g) or not 0 < g < math.inf):
-            invalid(self, "grad_clip", "None or a finite number > 0")
+            invalid(self, "grad_clip", "None or a finite number > 0",
+                    wrong_kind=not is_number(g))
 
 
 def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformation:

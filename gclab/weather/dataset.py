@@ -313,11 +313,15 @@ def open_dataset(path: PathLike):
     path = Path(path)
     if not path.exists():
         raise DataError(f"{path}: no such file or folder")
+    # Lead times stored as numbers with a unit (`time` in hours, as the official demo
+    # datasets hold it) are decoded to timedelta64: recent xarray leaves them numbers
+    # unless asked.
     try:
         if path.is_dir():
-            ds = xarray.open_zarr(path, chunks={})
+            ds = xarray.open_zarr(path, chunks={}, decode_timedelta=True)
         else:
-            ds = xarray.open_dataset(path, engine="h5netcdf" if _is_hdf5(path) else None)
+            ds = xarray.open_dataset(path, engine="h5netcdf" if _is_hdf5(path) else None,
+                                     decode_timedelta=True)
     except Exception as e:  # noqa: BLE001 - every backend raises its own error types
         first = str(e).split(". ")[0].splitlines()[0] if str(e) else ""
         raise DataError(f"{path}: not a readable netCDF or zarr dataset "
@@ -424,11 +428,11 @@ def write_stats(stats: Stats, folder: PathLike) -> None:
 def add_derived_vars(ds):
     """Adds year/day progress and their sin/cos, as the official extraction does.
 
-    Each of `NAME`, `NAME_sin` and `NAME_cos` (NAME: `year_progress`, `day_progress`) that
-    the dataset lacks is added, float32 like the official values: the sin and cos from the
-    dataset's `NAME` where it has one, else from `NAME` recomputed from `datetime` (seconds
-    since 1970) and `lon`. Features the dataset holds are kept; a dataset holding all six
-    needs no `datetime`.
+    The network reads `NAME_sin` and `NAME_cos` (NAME: `year_progress`, `day_progress`):
+    where the dataset lacks either, both and `NAME` are added where missing, float32 like
+    the official values: from the dataset's `NAME` where it has one, else from `NAME`
+    recomputed from `datetime` (seconds since 1970) and `lon`. Features the dataset holds
+    are kept; a dataset holding the four sin/cos features needs no `datetime`.
 
     Raises:
       TypeError: `ds` not an xarray Dataset.
@@ -440,9 +444,10 @@ def add_derived_vars(ds):
     where = _source(ds)
     new = {}
     for name in PROGRESS:
-        lacking = [k for k in (name, f"{name}_sin", f"{name}_cos") if k not in ds.data_vars]
-        if not lacking:
+        lacking = [k for k in (f"{name}_sin", f"{name}_cos") if k not in ds.data_vars]
+        if not lacking:  # what the network reads is there (NAME itself it never reads)
             continue
+        lacking += [name] if name not in ds.data_vars else []
         if name in ds.data_vars:  # the dataset's progress: its sin/cos, lazily
             progress = ds[name].astype(np.float32)
             phase = progress * (2 * np.pi)
@@ -460,8 +465,8 @@ def _progress_from_datetime(ds, name: str, where: str) -> dict:
     `datetime` (and, for the day's, `lon`), as the official extraction computes them."""
     for coord in ("datetime",) + (("lon",) if name == "day_progress" else ()):
         if coord not in ds.coords:
-            raise DataError(f"{where}: the dataset has no {coord!r} coordinate (needed for "
-                            f"the {name} forcing, which it lacks)")
+            raise DataError(f"{where}: the dataset has no {coord!r} coordinate (needed to "
+                            f"compute the {name}_sin and {name}_cos forcings, which it lacks)")
     _check_time_kind(ds.coords["datetime"], "datetime", where)
     seconds = ds.coords["datetime"].data.astype("datetime64[s]").astype(np.int64)
     dims = tuple(ds.coords["datetime"].dims)  # (batch, time) or (time,)

@@ -100,3 +100,42 @@ def test_stage_memory_model_bounds_compiled_stage_programs():
     for stage, (k, n) in enumerate(zip((2, 3), (0, 3))):
         compiled = stage_program_memory(TINY, TASK, MemoryConfig(), layout, stage, 1)
         assert 0.95 * compiled <= costs.memory(stage, 2, k, n) <= 1.25 * compiled
+
+
+@pytest.mark.parametrize("rollout_remat", [False, True])
+@pytest.mark.parametrize("recipe", ["none", "per-step", "deepmind", "lean"])
+def test_a_pipeline_is_never_predicted_faster_than_its_work_perfectly_balanced(recipe,
+                                                                              rollout_remat):
+    # Guards against stage ticks that leave out what the recipe recomputes (rollout remat,
+    # encoder and decoder checkpoints, edge blocks) or the bytes activations move, while
+    # the layouts they are ranked against count them (`analytical.step_work`).
+    from gclab.memory import get_recipe
+    from gclab.sizing import analytical
+    from gclab.sizing.pipeline_plan import even_split, stage_times
+
+    model = ModelConfig(resolution=10.0, mesh_splits=2, latent_size=16, processor_steps=6)
+    task = TaskConfig(pressure_levels=(500, 850))
+    memory = get_recipe(recipe, "f32").replace(rollout_remat=rollout_remat,
+                                               processor_remat="none", remat_group_size=1,
+                                               remat_ratio=1.0)
+    counts = analytical.GraphCounts(grid_nodes=648, mesh_nodes=162, mesh_edges=1920,
+                                    grid2mesh_edges=1500, mesh2grid_edges=1944)
+    flops_per_s, bytes_per_s = 1e12, 1e11
+    params = analytical.param_count(model, task)
+    for stages, microbatches, microbatch in ((2, 1, 1), (2, 4, 2), (3, 8, 1), (2, 64, 1)):
+        times = stage_times(model, task, memory, microbatch, flops_per_s, 1e9, counts,
+                            bytes_per_s)
+        costs = StageCosts({"first": 0, "middle": 0, "last": 0}, 0.0, 0.0,
+                           **{**times, "link_seconds": 0.0})
+        split = even_split(model.processor_steps, stages)
+        piped = evaluate(costs, split, (0,) * stages, microbatches, 1.0).step_seconds
+        batch = microbatches * microbatch
+        flops, moved = analytical.step_work(model, task, memory, counts, batch)
+        moved -= 4.0 * analytical.OPTIMIZER_VALUES_PER_PARAM * params  # the optimizer's
+        work = flops / flops_per_s + moved / bytes_per_s
+        assert piped >= work / stages * (1 - 1e-12), (stages, microbatches, piped, work)
+        # Exactly the work the other layouts count, plus one forward: the stages' own
+        # checkpoint.
+        f, m = analytical.stage_work(model, task, counts, batch, memory)["forward"]
+        total = microbatches * sum(costs.seconds(s, stages, k, 0) for s, k in enumerate(split))
+        assert total == pytest.approx(work + f / flops_per_s + 4 * m / bytes_per_s, rel=1e-9)

@@ -242,8 +242,8 @@ def test_a_failed_write_keeps_the_old_file(tmp_path, params):
 
 
 def test_write_checkpoint_refuses_what_would_not_read_back(tmp_path, params):
-    # Parameters of another task were written, and the file then refused by read_checkpoint;
-    # a dict for the checkpoint was an AttributeError. Nothing is written on a refusal.
+    # Guards against writing parameters of another task (a file read_checkpoint would then
+    # refuse) and an AttributeError for a dict. Nothing is written on a refusal.
     import dataclasses
 
     path = tmp_path / "w.npz"

@@ -38,7 +38,7 @@ def _same_examples(got, want):
 
 
 def test_statistics_of_one_time_step_are_refused_naming_the_file(tmp_path, ds):
-    # Was an IndexError from inside (an empty 6-hour change: NaN standard deviations).
+    # Not an IndexError from inside (an empty 6-hour change: NaN standard deviations).
     path = tmp_path / "one.nc"
     wd.write_dataset(ds.isel(time=[0]), path)
     with pytest.raises(wd.DataError, match=f"^{path}: the dataset has 1 time step; the "
@@ -52,7 +52,7 @@ def test_statistics_of_one_time_step_are_refused_naming_the_file(tmp_path, ds):
 
 @pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
 def test_statistics_that_overflow_are_named_not_an_index_error(ds):
-    # Finite values whose float64 sums are not: no value to point at (was IndexError).
+    # Finite values whose float64 sums are not: no value to point at (not an IndexError).
     big = ds.assign({"2m_temperature": ds["2m_temperature"].astype(np.float64) * 0 + 1e308})
     with pytest.raises(wd.DataError, match="^dataset: variable '2m_temperature' holds finite "
                                            r"values whose mean or standard deviation is not "
@@ -81,10 +81,14 @@ def test_the_datasets_own_progress_is_kept_and_datetime_then_not_needed(ds):
     np.testing.assert_allclose(got.year_progress_sin.values, 1.0, atol=1e-6)
     np.testing.assert_allclose(got.year_progress_cos.values, 0.0, atol=1e-6)
     wd.check_dataset(full.drop_vars("datetime"), TASK)  # all six there: no datetime needed
+    # The network reads only the sin and cos: without the progress itself, none needed.
+    got = wd.check_dataset(full.drop_vars(["datetime", "year_progress", "day_progress"]), TASK)
+    assert "year_progress" not in got.data_vars
     with pytest.raises(wd.DataError, match="^dataset: the dataset has no 'datetime' "
-                                           "coordinate .needed for the day_progress forcing, "
-                                           "which it lacks.$"):
-        wd.check_dataset(full.drop_vars(["datetime", "day_progress"]), TASK)
+                                           "coordinate .needed to compute the day_progress_sin "
+                                           "and day_progress_cos forcings, which it lacks.$"):
+        wd.check_dataset(full.drop_vars(["datetime", "day_progress", "day_progress_sin"]),
+                         TASK)
 
 
 def test_one_datetime_for_all_batch_rows_is_broadcast(ds):
@@ -127,7 +131,7 @@ SURFACE = "a surface variable's dims are time, lat, lon and, optionally, batch"
 ])
 def test_variables_with_dims_their_kind_does_not_allow_are_named(tmp_path, ds, change, name,
                                                                   dims, allowed):
-    # Were numpy's or xarray's messages from inside (or, for `member`, a reshape).
+    # Not numpy's or xarray's messages from inside (or, for `member`, a reshape's).
     path = tmp_path / "dims.nc"
     wd.write_dataset(change(ds), path)
     with pytest.raises(wd.DataError) as e:
@@ -136,7 +140,7 @@ def test_variables_with_dims_their_kind_does_not_allow_are_named(tmp_path, ds, c
 
 
 def test_a_static_variable_with_time_and_batch_is_taken_at_the_first(ds):
-    # As some ERA5 downloads hold the land-sea mask: was a shape error inside numpy.
+    # As some ERA5 downloads hold the land-sea mask: not a shape error inside numpy.
     lsm = ds["land_sea_mask"].expand_dims(batch=2, time=ds.sizes["time"])
     got = wd.check_dataset(ds.assign(land_sea_mask=lsm), TASK)
     assert got["land_sea_mask"].dims == ("lat", "lon")
@@ -164,3 +168,22 @@ def test_times_that_are_plain_numbers_are_refused(written, coord, values, held):
             check()
         assert str(e.value) == want
     wd.check_dataset(ds.drop_vars("time"), TASK)  # no lead times at all is fine
+
+
+@pytest.mark.parametrize("suffix", [".nc", ".zarr"])
+def test_lead_times_stored_as_hours_are_read_as_lead_times(tmp_path, ds, suffix):
+    # The official demo datasets store `time` as numbers with units "hours"; recent xarray
+    # reads those as plain numbers unless asked to decode them, and plain numbers are
+    # refused (test_times_that_are_plain_numbers_are_refused).
+    hours = (ds.time.values / np.timedelta64(1, "h")).astype(np.int64)
+    stored = ds.assign_coords(time=("time", hours, {"units": "hours"}))
+    path = tmp_path / f"hours{suffix}"
+    if suffix == ".zarr":
+        stored.to_zarr(path)
+    else:
+        stored.to_netcdf(path)
+    opened = wd.open_dataset(path)
+    assert opened.time.dtype.kind == "m"
+    np.testing.assert_array_equal(opened.time.values, ds.time.values)
+    _same_examples(wd.raw_example(wd.check_dataset(opened, TASK), TASK),
+                   wd.raw_example(wd.check_dataset(ds, TASK), TASK))

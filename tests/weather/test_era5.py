@@ -106,7 +106,7 @@ def test_bad_stores_name_the_problem(tmp_path, store):
         open_era5(path, levels=(500, 700))
     with pytest.raises(DataError, match="no time step in"):
         open_era5(path, times=slice("1990-01-01", "1990-01-02"))
-    # Integer bounds were pandas' TypeError ("cannot do slice indexing on DatetimeIndex").
+    # Integer bounds: not pandas' TypeError ("cannot do slice indexing on DatetimeIndex").
     for bad in (slice(0, 3), 3):
         with pytest.raises(ValueError, match=rf"^times={re.escape(repr(bad))} is invalid: "
                                              "a slice of datetimes"):

@@ -144,8 +144,8 @@ def test_the_weather_of_target_frames_may_be_nan_but_not_the_inputs(files, tmp_p
 
 
 def test_lead_times_are_6_hour_steps_whatever_time_holds(files):
-    # Lead times were time[1] - time[0] as nanoseconds: 1 ns, 2 ns without a `time`
-    # coordinate, 6 ns, 12 ns for a `time` of hours.
+    # Guards against lead times taken as time[1] - time[0] in nanoseconds: 1 ns, 2 ns
+    # without a `time` coordinate, 6 ns, 12 ns for a `time` of plain hours.
     ckpt, stats = read_checkpoint(files / "ckpt.npz"), load_stats(files / "stats")
     ds = open_dataset(files / "data.nc")
     pred = forecast(ckpt, ds.drop_vars("time"), stats, np.int64(2))

@@ -234,8 +234,8 @@ def _wrong_kind_calls():
 @pytest.mark.parametrize("call, name, allowed", [c[1:] for c in _wrong_kind_calls()],
                          ids=[c[0] for c in _wrong_kind_calls()])
 def test_arguments_of_the_wrong_kind_are_named(dataset, tmp_path, call, name, allowed):
-    # Each was an AttributeError from inside ('str' object has no attribute 'encoding',
-    # 'NoneType' object has no attribute 'pressure_levels', ...) or os's TypeError.
+    # Not an AttributeError from inside ('str' object has no attribute 'encoding',
+    # 'NoneType' object has no attribute 'pressure_levels', ...) nor os's TypeError.
     from gclab.weather import Checkpoint
 
     context = {"ds": dataset, "stats": wd.compute_stats(dataset), "tmp": tmp_path,
@@ -249,7 +249,7 @@ def test_arguments_of_the_wrong_kind_are_named(dataset, tmp_path, call, name, al
 
 
 def test_forecast_checks_steps_first(dataset):
-    # steps=0 was named "rollout=0", after the graphs were built.
+    # Named as `steps` (not as raw_example's "rollout"), before any graph is built.
     from gclab.weather import Checkpoint
     from gclab.weather.forecast import forecast
 
