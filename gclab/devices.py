@@ -20,8 +20,11 @@ Device classes group cards whose usable memory sets what a chapter can run
 from __future__ import annotations
 
 import dataclasses
+import numbers
 import os
 from typing import Any, Optional
+
+from gclab.config import is_number, require_kind
 
 GB = 10**9
 GiB = 2**30
@@ -165,8 +168,26 @@ def usable_bytes(device: Any = None, *, card_name: Optional[str] = None) -> Opti
     return device_bytes_limit(device)
 
 
+def _require_bytes(caller: str, name: str, value: Any, least: int, note: str = "") -> None:
+    """Refuses a byte count that is no number, or one below `least` (or NaN)."""
+    allowed = f"a number of bytes >= {least}{note}"
+    if not is_number(value):
+        # A bool is a number to isinstance, yet no byte count: `()` admits no kind at all.
+        require_kind(name, value, () if isinstance(value, bool) else numbers.Real, allowed,
+                     caller=caller)
+    if not value >= least:
+        raise ValueError(f"{caller} {name}={value!r} is invalid: {allowed}")
+
+
 def fits(plan_bytes: float, usable: float) -> bool:
-    """Whether a compiled plan of `plan_bytes` fits `usable` bytes with the margin."""
+    """Whether a compiled plan of `plan_bytes` fits `usable` bytes with the margin.
+
+    Raises:
+      ValueError: `plan_bytes` below 0 or `usable` below 1 (or NaN); `WrongType` (a
+        TypeError too) for either that is no number (None, ``"1GB"``).
+    """
+    _require_bytes("fits", "plan_bytes", plan_bytes, 0)
+    _require_bytes("fits", "usable", usable, 1, " (usable_bytes() is None on a CPU)")
     return plan_bytes <= FIT_MARGIN * usable
 
 
@@ -179,11 +200,18 @@ def device_class_of(usable: Optional[int]) -> DeviceClass:
     """The largest class whose usable memory `usable` bytes reach (None: ``cpu``).
 
     A device reaches a class with `CLASS_TOLERANCE` of the class's usable memory; the
-    scales leave that much to spare (`FIT_MARGIN` is smaller).
+    scales leave that much to spare (`FIT_MARGIN` is smaller). A card that reaches no GPU
+    class (one smaller than a T4) is of the ``cpu`` class: the smallest GPU class's
+    configurations need more than it holds.
+
+    Raises:
+      ValueError: `usable` below 1 (or NaN); `WrongType` (a TypeError too) for a `usable`
+        that is neither None nor a number (``"16GB"``: a class is found by its bytes).
     """
     if usable is None:
         return DEVICE_CLASSES["cpu"]
-    chosen = DEVICE_CLASSES["16GB"]  # smaller cards still get the smallest GPU class
+    _require_bytes("device_class_of", "usable", usable, 1, " or None (a CPU)")
+    chosen = DEVICE_CLASSES["cpu"]
     for cls in DEVICE_CLASSES.values():
         if cls.card is not None and usable >= CLASS_TOLERANCE * cls.usable_bytes:
             chosen = cls

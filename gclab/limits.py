@@ -13,6 +13,8 @@ import os
 from pathlib import Path
 from typing import Optional
 
+from gclab.config import require_count
+
 #: Largest byte count XLA is asked to plan: it counts bytes in signed 64-bit integers
 #: (8 EiB) and aborts the process on overflow; 1 EiB leaves room for the estimate's error.
 MAX_PLANNED_BYTES = 2**60
@@ -30,12 +32,17 @@ def format_bytes(n: float | None, digits: int = 2) -> str:
 
     Args:
       n: number of bytes (may be negative, float, an int of any size, or None).
-      digits: digits after the decimal point for units above bytes.
+      digits: digits after the decimal point for units above bytes, an integer >= 0.
 
     Returns:
       A string such as ``'512 B'``, ``'1.50 MiB'`` or ``'3.00 GiB'``; ``'n/a'`` for
       None or NaN; counts beyond floats as a power of ten (``'about 10^620 B'``).
+
+    Raises:
+      ValueError: `digits` below 0; `WrongType` (a TypeError too) for `digits` that is no
+        integer (2.5).
     """
+    digits = require_count("digits", digits, 0, caller="format_bytes")
     if n is None:
         return "n/a"
     try:

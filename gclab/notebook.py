@@ -29,7 +29,7 @@ import textwrap
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
-from gclab import devices
+from gclab import devices, limits
 from gclab.config import (
     ModelConfig,
     TaskConfig,
@@ -79,10 +79,8 @@ class HardwareReport(dict):
 
 
 def _host_memory() -> Optional[int]:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return None
+    """Host memory this process may use (a cgroup limit included), or None if unknown."""
+    return limits.host_memory_bytes()
 
 
 def hardware_report() -> HardwareReport:
@@ -397,11 +395,14 @@ class GuardedRun:
 
     Attributes:
       label: the name shown.
-      plan_bytes: XLA's compiled total (arguments + outputs + temp - aliased).
-      temp_bytes: XLA's compiled temp.
+      plan_bytes: XLA's compiled total (arguments + outputs + temp - aliased); the
+        modelled total for a step too large for XLA to plan (`run_if_fits`).
+      temp_bytes: XLA's compiled temp (0 where not compiled).
       usable_bytes: the usable memory it was checked against.
-      fits: whether `plan_bytes` <= `gclab.devices.FIT_MARGIN` x `usable_bytes`.
-      step: the `gclab.sizing.CompiledStep`; its `run` is None when it does not fit.
+      fits: whether `plan_bytes` <= `gclab.devices.FIT_MARGIN` x `usable_bytes` (and the
+        device held it when it was prepared to run).
+      step: the `gclab.sizing.CompiledStep`; its `run` is None when it does not fit; None
+        for a step too large for XLA to plan (`run_if_fits`).
       measured_peak_bytes: on a GPU, when asked for, the device's peak in a fresh process
         (`peak_bytes_in_use`); None otherwise.
     """
@@ -436,9 +437,17 @@ class GuardedRun:
 
 
 def usable_here() -> int:
-    """Usable memory of this machine's first device; on CPU, the ``cpu`` class's."""
+    """Usable memory of this machine's first device.
+
+    On CPU, the ``cpu`` class's (`gclab.devices.CPU_USABLE_BYTES`), or the host's memory
+    where that is less (`gclab.limits.host_memory_bytes`, a cgroup limit included): a plan
+    that fits the class but not the host would be refused when it is run.
+    """
     usable = devices.usable_bytes()
-    return usable if usable is not None else devices.CPU_USABLE_BYTES
+    if usable is not None:
+        return usable
+    host = limits.host_memory_bytes()
+    return min(devices.CPU_USABLE_BYTES, host) if host else devices.CPU_USABLE_BYTES
 
 
 def _usable(usable: object, caller: str) -> int:
@@ -463,13 +472,19 @@ def run_if_fits(spec, label: str = "", *, graphs=None, usable: Optional[int] = N
     """Compiles one training step and prepares it to run only if its plan fits.
 
     Nothing is allocated for a step whose plan does not fit; it comes back with
-    ``fits=False`` and its plan, for the chapter's table or graph.
+    ``fits=False`` and its plan, for the chapter's table or graph. That includes a step
+    the device itself cannot hold (`gclab.sizing.compile_train_step` would refuse it
+    with `gclab.limits.TooLarge`), whatever `usable` says: `usable` is capped at the
+    device's memory (on CPU the host's, a cgroup limit included). A step too large for
+    XLA to plan is not compiled; its modelled total (`gclab.sizing.estimate_step_bytes`)
+    stands for its plan, with ``temp_bytes`` 0 and no ``step``.
 
     Args:
       spec: a `gclab.sizing.StepSpec`.
       label: the name shown (default: the spec's technique).
       graphs: the model's graphs (built or loaded from the cache if None).
-      usable: usable bytes to check against (default: `usable_here()`).
+      usable: usable bytes to check against (default: `usable_here()`), at most the
+        device's memory.
       timeline: also read the memory timeline.
       measure: on a GPU, also measure the peak in a fresh process (`measure_peak`).
 
@@ -477,15 +492,31 @@ def run_if_fits(spec, label: str = "", *, graphs=None, usable: Optional[int] = N
       TypeError: `usable` not a number (a size in words such as ``"8GiB"``, say).
       ValueError: `usable` not a finite number >= 1.
     """
-    from gclab.sizing import compile_train_step
+    from gclab.sizing import CompiledStep, compile_train_step, estimate_step_bytes
+    from gclab.sizing.step import device_memory_bytes
 
     usable = _usable(usable, "run_if_fits")
-    step = compile_train_step(spec, graphs, timeline=timeline, live=True,
-                              run_if=lambda m: devices.fits(m.total_bytes, usable))
-    fits = devices.fits(step.memory.total_bytes, usable)
+    held = device_memory_bytes()  # what compile_train_step runs a step against
+    if held is not None:
+        usable = min(usable, held)
+    label = label or spec.technique()
+    planned = []  # the compiled plan, kept should the run be refused after compiling
+
+    def run_if(memory) -> bool:
+        planned.append(memory)
+        return devices.fits(memory.total_bytes, usable)
+
+    try:
+        step = compile_train_step(spec, graphs, timeline=timeline, live=True, run_if=run_if)
+    except limits.TooLarge:
+        if not planned:  # refused before compiling: too large for XLA to plan
+            return GuardedRun(label, int(estimate_step_bytes(spec, graphs)), 0, usable, False)
+        # The device's memory read less when the step was run than just before.
+        step = CompiledStep(spec, planned[-1])
+    fits = step.run is not None
     measured = measured_peak(spec) if measure and fits else None
-    return GuardedRun(label or spec.technique(), int(step.memory.total_bytes),
-                      int(step.memory.temp_bytes), usable, fits, step, measured)
+    return GuardedRun(label, int(step.memory.total_bytes), int(step.memory.temp_bytes),
+                      usable, fits, step, measured)
 
 
 def measured_peak(spec, repeats: int = 2) -> Optional[int]:
@@ -754,7 +785,7 @@ def _check_timings(fn: str, name: str, seconds: Sequence[float], least: int) -> 
     numbers (a median, spread or ratio of them would be a statistics or division error)."""
     seconds = list(seconds)
     if len(seconds) < least or not all(
-            isinstance(t, (int, float)) and not isinstance(t, bool) and 0 < t < math.inf
+            is_number(t) and 0 < t < math.inf
             for t in seconds):
         count = "two or more" if least == 2 else "one or more"
         raise ValueError(f"{fn}: {name!r} needs {count} positive timings, got {seconds!r}")
@@ -837,7 +868,8 @@ def guarded_grid(configs: Sequence[LiveConfig], *, usable: Optional[int] = None,
     ``sweep(measure="timed")`` costs: one compile and `repeats` steps per cell.
 
     Args:
-      configs: `LiveConfig`s (``live_configs("06", scale)``), in the order shown.
+      configs: `LiveConfig`s (``live_configs("06", scale)``), in the order shown; any
+        iterable of them (a generator too).
       usable: usable bytes to check against (default: `usable_here()`).
       repeats: timed steps per cell that fits, after one untimed step; a step that takes
         `LONG_STEP_SECONDS` or more is timed from its first call (`median_seconds`'s
@@ -851,7 +883,7 @@ def guarded_grid(configs: Sequence[LiveConfig], *, usable: Optional[int] = None,
       not fit this card``).
 
     Raises:
-      TypeError: `configs` holding anything but `LiveConfig`s, or `usable` not a number.
+      TypeError: `configs` not an iterable of `LiveConfig`s, or `usable` not a number.
       ValueError: `repeats` not an integer >= 1, or `usable` not a finite number >= 1.
     """
     import gc
@@ -862,10 +894,14 @@ def guarded_grid(configs: Sequence[LiveConfig], *, usable: Optional[int] = None,
     from gclab.sizing import param_count
 
     repeats = require_count("repeats", repeats, 1)
+    allowed = "guarded_grid: configs are LiveConfigs (`live_configs(chapter, scale)`), not"
+    try:
+        configs = list(configs)  # a generator is read once: checked and run from this list
+    except TypeError:
+        raise WrongType(f"{allowed} {a_kind(configs)}") from None
     wrong = [c for c in configs if not isinstance(c, LiveConfig)]
     if wrong:  # a StepSpec, say (`run_if_fits` takes those): its label and guard are missing
-        raise WrongType(f"guarded_grid: configs are LiveConfigs (`live_configs(chapter, "
-                        f"scale)`), not {type(wrong[0]).__name__}")
+        raise WrongType(f"{allowed} {type(wrong[0]).__name__}")
     usable = _usable(usable, "guarded_grid")
     rows = []
     for config in configs:

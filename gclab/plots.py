@@ -420,7 +420,8 @@ def plot_heatmap(
         if fits:  # a colour scale only where some cell fits
             bar = fig.colorbar(image, ax=ax)
             bytes_axis(bar.ax.yaxis)
-        suffix = f" (budget {format_bytes(budget_bytes, 0)})" if budget_bytes else ""
+        # The cells' precision: a 50.2 GiB cell that fits must not sit under "budget 50 GiB".
+        suffix = f" (budget {format_bytes(budget_bytes, 1)})" if budget_bytes else ""
         ax.set_title((title or value.replace("_", " ")) + suffix)
         fig.tight_layout()
     return fig
@@ -496,8 +497,10 @@ def plot_fit_chart(
 
 # --------------------------------------------------------------------------- geometry
 
-#: Colour of each multimesh refinement level (level 0 first).
-LEVEL_COLORS: tuple[str, ...] = ("#d62728", "#ff7f0e", "#1f77b4", "#2ca02c", "#9467bd")
+#: Colour of each multimesh refinement level (level 0 first): one per level of the
+#: finest mesh a `gclab.config.ModelConfig` allows (7 splits); a finer mesh repeats them.
+LEVEL_COLORS: tuple[str, ...] = ("#d62728", "#ff7f0e", "#1f77b4", "#2ca02c", "#9467bd",
+                                 "#8c564b", "#e377c2", "#17becf")
 
 
 def orthographic(xyz: np.ndarray, lat0: float = 30.0, lon0: float = 20.0
@@ -528,8 +531,7 @@ def plot_multimesh(mesh: Multimesh, *, lat0: float = 30.0, lon0: float = 20.0) -
     long coarse edges lie on top of the fine ones.
 
     Args:
-      mesh: a multimesh (`gclab.geometry.multimesh`) of at most `len(LEVEL_COLORS) - 1`
-        splits.
+      mesh: a multimesh (`gclab.geometry.multimesh`) of any number of splits.
       lat0: latitude of the view point (degrees).
       lon0: longitude of the view point (degrees).
 
@@ -548,12 +550,29 @@ def plot_multimesh(mesh: Multimesh, *, lat0: float = 30.0, lon0: float = 20.0) -
                 s, r = faces.ravel(), np.roll(faces, -1, axis=1).ravel()  # each face's 3 edges
                 keep = visible[s] & visible[r]
                 ax.plot(np.stack([x[s][keep], x[r][keep]]), np.stack([y[s][keep], y[r][keep]]),
-                        color=LEVEL_COLORS[level], lw=max(0.4, 1.6 - 0.4 * level))
+                        color=LEVEL_COLORS[level % len(LEVEL_COLORS)],
+                        lw=max(0.4, 1.6 - 0.4 * level))
             ax.add_patch(plt.Circle((0, 0), 1, fill=False, color="grey"))
             ax.axis("off")
             ax.set(aspect="equal", xlim=(-1.05, 1.05), ylim=(-1.05, 1.05),
                    title="multimesh (all levels)" if i == levels else f"level {last}")
     return fig
+
+
+def _unit_vectors(lat: np.ndarray, lon: np.ndarray) -> np.ndarray:
+    """[N, 3] unit vectors of latitudes and longitudes in degrees ([N] each)."""
+    la, lo = np.deg2rad(lat), np.deg2rad(lon)
+    return np.stack([np.cos(la) * np.cos(lo), np.cos(la) * np.sin(lo), np.sin(la)], axis=-1)
+
+
+def _unit_vector(lat: float, lon: float) -> np.ndarray:
+    """[3] unit vector of one latitude and longitude in degrees."""
+    return _unit_vectors(np.asarray(lat, dtype=np.float64), np.asarray(lon, dtype=np.float64))
+
+
+def _wrap(lon: Any, centre: Any) -> Any:
+    """`lon` (degrees) moved by whole turns to within 180 degrees of `centre`."""
+    return (lon - centre + 180.0) % 360.0 - 180.0 + centre
 
 
 def plot_graph_neighbourhood(graphs: Graphs, *, mesh_node_near: tuple[float, float] = (40, 180),
@@ -564,33 +583,40 @@ def plot_graph_neighbourhood(graphs: Graphs, *, mesh_node_near: tuple[float, flo
 
     Args:
       graphs: the built graphs (`gclab.geometry.build_graphs`).
-      mesh_node_near: (lat, lon) in degrees; the mesh node nearest to it (in the sum of
-        degree differences) is the grid2mesh receiver drawn.
+      mesh_node_near: (lat, lon) in degrees; the mesh node nearest to it on the sphere
+        (great-circle distance) is the grid2mesh receiver drawn.
       grid_node_near: (lat, lon); the grid node nearest to it is the mesh2grid receiver.
-      lon_range: longitudes shown.
+      lon_range: longitudes shown; they may run past 360 (``(300, 420)``) or start below
+        0 (``(-60, 60)``) to show a stretch across the 0/360 meridian. Every longitude is
+        drawn within 180 degrees of the range's middle, and each edge from its receiver's
+        side, so that an edge across the meridian stays short.
       lat_range: latitudes shown.
 
     Returns:
       The figure: grid nodes (grey), mesh nodes (blue), grid2mesh edges into the mesh node
       (green) and mesh2grid edges into the grid node (red); the title gives both counts.
     """
-    mesh_lat, mesh_lon = xyz_to_lat_lon(graphs.mesh_node_xyz.astype(np.float64))  # [Nm]
-    grid_lat = np.repeat(graphs.grid_lat, graphs.n_lon)  # [Ng], latitude-major
-    grid_lon = np.tile(graphs.grid_lon, graphs.n_lat)  # [Ng]
-    node = int(np.argmin(np.abs(mesh_lat - mesh_node_near[0])
-                         + np.abs(mesh_lon - mesh_node_near[1])))
-    cell = int(np.argmin(np.abs(grid_lat - grid_node_near[0])
-                         + np.abs(grid_lon - grid_node_near[1])))
+    mesh_xyz = graphs.mesh_node_xyz.astype(np.float64)  # [Nm, 3]
+    mesh_lat, mesh_lon = xyz_to_lat_lon(mesh_xyz)  # [Nm]
+    grid_lat = np.repeat(graphs.grid_lat, graphs.n_lon).astype(np.float64)  # [Ng], lat-major
+    grid_lon = np.tile(graphs.grid_lon, graphs.n_lat).astype(np.float64)  # [Ng]
+    # Nearest on the sphere: degrees of longitude shrink toward the poles and wrap at 360.
+    node = int(np.argmax(mesh_xyz @ _unit_vector(*mesh_node_near)))
+    cell = int(np.argmax(_unit_vectors(grid_lat, grid_lon) @ _unit_vector(*grid_node_near)))
     g2m = graphs.grid2mesh.senders[graphs.grid2mesh.receivers == node]
     m2g = graphs.mesh2grid.senders[graphs.mesh2grid.receivers == cell]
+    middle = (lon_range[0] + lon_range[1]) / 2
+    mesh_lon, grid_lon = _wrap(mesh_lon, middle), _wrap(grid_lon, middle)
     with style():
         fig, ax = plt.subplots(figsize=(10, 4.5))
         ax.scatter(grid_lon, grid_lat, s=2, color="lightgrey", label="grid nodes")
         ax.scatter(mesh_lon, mesh_lat, s=6, color="#1f77b4", label="mesh nodes")
         for s in g2m:
-            ax.plot([grid_lon[s], mesh_lon[node]], [grid_lat[s], mesh_lat[node]], color="#2ca02c")
+            ax.plot([_wrap(grid_lon[s], mesh_lon[node]), mesh_lon[node]],
+                    [grid_lat[s], mesh_lat[node]], color="#2ca02c")
         for s in m2g:
-            ax.plot([mesh_lon[s], grid_lon[cell]], [mesh_lat[s], grid_lat[cell]], color="#d62728")
+            ax.plot([_wrap(mesh_lon[s], grid_lon[cell]), grid_lon[cell]],
+                    [mesh_lat[s], grid_lat[cell]], color="#d62728")
         ax.set(xlabel="longitude (deg)", ylabel="latitude (deg)", xlim=lon_range, ylim=lat_range,
                title=f"grid2mesh edges into one mesh node (green: {len(g2m)}), "
                      f"mesh2grid edges into one grid node (red: {len(m2g)})")

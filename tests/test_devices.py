@@ -1,5 +1,6 @@
 """One rule for usable memory: the allocator's limit, or a named card times JAX's fraction."""
 
+import numpy as np
 import pytest
 
 from gclab import devices
@@ -79,7 +80,8 @@ def test_device_classes_cover_the_cards_from_small_to_large():
     assert list(DEVICE_CLASSES) == ["cpu", "16GB", "24GB", "40GB", "80GB", "141GB"]
     assert usable[1:] == sorted(usable[1:])
     assert device_class_of(None).name == "cpu"
-    assert device_class_of(2 * 2**30).name == "16GB"  # smaller cards: the smallest class
+    # A card smaller than a T4 reaches no GPU class: it runs the cpu class's configurations.
+    assert device_class_of(2 * 2**30).name == "cpu"
     assert device_class_of(10**15).name == "141GB"
     for cls in DEVICE_CLASSES.values():
         assert 0 < cls.budget_bytes < cls.usable_bytes
@@ -88,3 +90,38 @@ def test_device_classes_cover_the_cards_from_small_to_large():
 def test_the_planner_uses_the_same_rule():
     assert planner.parse_budget("T4") == card_usable_bytes("T4")
     assert planner.CARDS is CARDS
+
+
+def test_a_card_below_the_smallest_gpu_class_is_of_the_cpu_class():
+    """An 8 GB card's pool (6 GB) holds less than the 16 GB class's budget, so it is no
+    16 GB card; a T4 whose driver keeps a little back still is."""
+    eight = int(0.75 * 8 * 10**9)
+    assert eight < DEVICE_CLASSES["16GB"].budget_bytes
+    assert device_class_of(eight) is DEVICE_CLASSES["cpu"]
+    lowest = devices.CLASS_TOLERANCE * DEVICE_CLASSES["16GB"].usable_bytes
+    assert device_class_of(int(lowest)).name == "16GB"
+    assert device_class_of(int(lowest) - 1).name == "cpu"
+    assert device_class_of(np.int64(card_usable_bytes("L4"))).name == "24GB"
+
+
+@pytest.mark.parametrize("call, error, words", [
+    (lambda: fits(10, None), TypeError,
+     "fits usable=None is invalid: a number of bytes >= 1 (usable_bytes() is None on a CPU)"),
+    (lambda: fits(10, "1GB"), TypeError, "fits usable='1GB' is invalid: a number of bytes"),
+    (lambda: fits(10, True), TypeError, "fits usable=True is invalid"),
+    (lambda: fits(10, 0), ValueError, "fits usable=0 is invalid: a number of bytes >= 1"),
+    (lambda: fits(10, float("nan")), ValueError, "fits usable=nan is invalid"),
+    (lambda: fits("10", 100), TypeError, "fits plan_bytes='10' is invalid"),
+    (lambda: fits(-1, 100), ValueError, "fits plan_bytes=-1 is invalid: a number of bytes >= 0"),
+    (lambda: device_class_of("16GB"), TypeError,
+     "device_class_of usable='16GB' is invalid: a number of bytes >= 1 or None (a CPU)"),
+    (lambda: device_class_of(-5), ValueError, "device_class_of usable=-5 is invalid"),
+])
+def test_byte_counts_of_the_wrong_kind_or_size_are_refused_in_one_line(call, error, words):
+    with pytest.raises(error) as info:
+        call()
+    assert str(info.value).startswith(words) and "\n" not in str(info.value)
+
+
+def test_fits_takes_numpy_numbers():
+    assert fits(np.int64(900), np.float32(1000)) and not fits(np.float64(901), np.int32(1000))

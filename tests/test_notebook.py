@@ -383,3 +383,94 @@ def test_usable_bytes_are_a_positive_number(usable, error):
             call()
         assert str(e.value).startswith(f"{name} usable={usable!r} is invalid: a finite "
                                        "number of bytes >= 1"), str(e.value)
+
+
+def test_usable_memory_on_a_cpu_is_at_most_the_hosts(monkeypatch):
+    import gclab.limits
+    from gclab import devices, notebook
+
+    # A host (or a cgroup limit) below the cpu class's figure: that is what can be held.
+    monkeypatch.setattr(gclab.limits, "host_memory_bytes", lambda: 2**30)
+    assert notebook.usable_here() == 2**30
+    assert notebook._host_memory() == 2**30  # the hardware report's figure, cgroup included
+    monkeypatch.setattr(gclab.limits, "host_memory_bytes", lambda: 64 * 2**30)
+    assert notebook.usable_here() == devices.CPU_USABLE_BYTES
+    monkeypatch.setattr(gclab.limits, "host_memory_bytes", lambda: None)  # unknown
+    assert notebook.usable_here() == devices.CPU_USABLE_BYTES
+
+
+def _smallest_live_spec():
+    from gclab.notebook import live_configs
+
+    return live_configs("06", SCALE_TABLE["cpu"])[0].spec  # 4 x 32, cheap to compile
+
+
+def test_run_if_fits_shows_a_plan_the_host_cannot_hold_instead_of_raising(monkeypatch):
+    import gclab.sizing.step as step_module
+    from gclab.devices import FIT_MARGIN
+    from gclab.notebook import run_if_fits
+
+    # Usable memory the class allows, a host that holds almost nothing: compiled, not run.
+    monkeypatch.setattr(step_module, "host_memory_bytes", lambda: 2**20)
+    run = run_if_fits(_smallest_live_spec(), "small", usable=2**40)
+    assert not run.fits and not run.ran and run.step.run is None
+    assert run.usable_bytes == 2**20 and run.plan_bytes > 2**20
+    assert run.status().startswith("needs ")
+    assert run.status().endswith(f"does not fit this card (usable 1.00 MiB, plans up to "
+                                 f"{FIT_MARGIN:.0%} of it)")
+
+
+def test_run_if_fits_shows_a_plan_refused_after_compiling_as_not_fitting(monkeypatch):
+    import gclab.sizing.step as step_module
+    from gclab.notebook import run_if_fits
+
+    # The device's memory reads less when the step would run than when it was checked.
+    readings = iter([2**40, 2**20])
+    monkeypatch.setattr(step_module, "device_memory_bytes", lambda: next(readings))
+    run = run_if_fits(_smallest_live_spec(), "small", usable=2**40)
+    assert not run.fits and not run.ran and run.step.memory.total_bytes == run.plan_bytes > 0
+
+
+def test_run_if_fits_shows_a_step_too_large_to_plan_by_its_estimate(monkeypatch):
+    import gclab.sizing.step as step_module
+    from gclab.limits import TooLarge
+    from gclab.notebook import run_if_fits
+    from gclab.sizing import estimate_step_bytes
+
+    def refuse(spec, graphs=None):
+        raise TooLarge("one training step needs about 2 EiB; refused before starting")
+
+    monkeypatch.setattr(step_module, "check_step_size", refuse)
+    spec = _smallest_live_spec()
+    run = run_if_fits(spec, "huge", usable=2**30)
+    assert (run.label, run.fits, run.ran, run.step) == ("huge", False, False, None)
+    assert run.plan_bytes == estimate_step_bytes(spec) and run.temp_bytes == 0
+
+
+def test_guarded_grid_runs_every_config_of_a_generator(monkeypatch):
+    from gclab import notebook
+
+    configs = notebook.live_configs("06", SCALE_TABLE["cpu"])[:2]
+    guarded = []
+
+    def run_if_fits(spec, label, usable):
+        guarded.append(label)
+        return notebook.GuardedRun(label, 3 * 2**20, 2**20, usable, False)
+
+    monkeypatch.setattr(notebook, "run_if_fits", run_if_fits)
+    df = notebook.guarded_grid((c for c in configs), usable=2**30)
+    assert guarded == df.label.tolist() == [c.label for c in configs]
+    assert df.status.tolist() == ["oom", "oom"]
+    with pytest.raises(TypeError, match="configs are LiveConfigs .* not an int$"):
+        notebook.guarded_grid(3, usable=2**30)
+
+
+def test_timings_may_be_numpy_numbers():
+    from gclab.notebook import compare_times, time_table
+
+    samples = {"a": [np.float32(1.0), np.float32(1.2)], "b": [np.int64(2), np.int64(3)]}
+    table = time_table(samples)
+    assert table.loc["b", "median_seconds"] == 2.5 and table.loc["a", "runs"] == 2
+    assert compare_times(samples, "a", "b").verdict == "faster than"
+    with pytest.raises(ValueError, match="'a' needs one or more positive timings"):
+        time_table({"a": [np.float64(-1.0)]})

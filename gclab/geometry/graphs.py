@@ -24,7 +24,7 @@ from typing import Any, Optional, Union
 
 import numpy as np
 
-from gclab.config import ModelConfig, a_kind
+from gclab.config import ModelConfig, WrongType, a_kind, require_kind
 from gclab.files import CacheWarning, atomic_path
 from gclab.geometry import features as features_lib
 from gclab.geometry import grid_mesh, icosahedral
@@ -324,14 +324,37 @@ def save_graphs(g: Graphs, path: Union[str, os.PathLike]) -> Path:
     return path
 
 
+def _geometry_args(resolution: object, mesh_splits: object, fraction: object,
+                   m2g_normalization: object) -> tuple[float, int, float, Optional[float]]:
+    """The geometry's parameters as plain numbers, once `ModelConfig` has checked them.
+
+    Raises:
+      ValueError: an invalid value; `WrongType` for one of the wrong kind (``True`` or
+        ``2.7`` splits would otherwise name the cache of 1 or 2).
+    """
+    ModelConfig(resolution=resolution, mesh_splits=mesh_splits,
+                radius_query_fraction_edge_length=fraction,
+                mesh2grid_edge_normalization_factor=m2g_normalization)
+    return (float(resolution), int(mesh_splits), float(fraction),
+            None if m2g_normalization is None else float(m2g_normalization))
+
+
 def cache_path(resolution: float, mesh_splits: int,
                radius_query_fraction_edge_length: float = 0.6,
                mesh2grid_edge_normalization_factor: Optional[float] = None,
                cache_dir: Optional[Union[str, os.PathLike]] = None) -> Path:
-    """Where `build_graphs` caches the graphs for these parameters."""
-    key = _cache_key(resolution, mesh_splits, radius_query_fraction_edge_length,
-                     mesh2grid_edge_normalization_factor)
+    """Where `build_graphs` caches the graphs for these parameters.
+
+    Raises:
+      ValueError: an invalid argument (checked as `build_graphs` checks it); `WrongType`
+        (a TypeError too) for one of the wrong kind, such as ``mesh_splits=2.7``.
+    """
+    args = _geometry_args(resolution, mesh_splits, radius_query_fraction_edge_length,
+                          mesh2grid_edge_normalization_factor)
+    require_kind("cache_dir", cache_dir, (str, os.PathLike), "None or a path",
+                 caller="cache_path", optional=True)
     folder = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    key = _cache_key(*args)
     return folder / f"{key}.npz"
 
 
@@ -471,19 +494,10 @@ def load_or_build_graphs(
       ValueError: an invalid argument (checked by `gclab.config.ModelConfig`).
       gclab.limits.TooLarge: the build would not fit in memory (`check_build_size`).
     """
-    ModelConfig(
-        resolution=resolution,
-        mesh_splits=mesh_splits,
-        radius_query_fraction_edge_length=radius_query_fraction_edge_length,
-        mesh2grid_edge_normalization_factor=mesh2grid_edge_normalization_factor,
-    )
-    if not isinstance(cache, bool):
-        raise ValueError(f"cache={cache!r} is invalid: True or False")
-    if cache_dir is not None and not isinstance(cache_dir, (str, os.PathLike)):
-        raise ValueError(f"cache_dir={cache_dir!r} is invalid: None or a path")
-    args = (float(resolution), int(mesh_splits), float(radius_query_fraction_edge_length),
-            None if mesh2grid_edge_normalization_factor is None
-            else float(mesh2grid_edge_normalization_factor))
+    args = _geometry_args(resolution, mesh_splits, radius_query_fraction_edge_length,
+                          mesh2grid_edge_normalization_factor)
+    require_kind("cache", cache, bool, "True or False")
+    require_kind("cache_dir", cache_dir, (str, os.PathLike), "None or a path", optional=True)
     check_build_size(*args[:3])
     if not cache:
         return _build(*args), GraphsSource(False, None)
@@ -512,7 +526,7 @@ def graphs_for(model_config: ModelConfig, **kw: Any) -> Graphs:
       The graphs.
     """
     if not isinstance(model_config, ModelConfig):
-        raise ValueError(f"graphs_for needs a ModelConfig, not {a_kind(model_config)}")
+        raise WrongType(f"graphs_for needs a ModelConfig, not {a_kind(model_config)}")
     return build_graphs(
         model_config.resolution,
         model_config.mesh_splits,

@@ -8,6 +8,12 @@ instruction inside a `while` loop with a known trip count (a `lax.scan`: process
 edge blocks, rollout steps) counts that many times. Result bytes are what each device
 receives (all-gather, all-to-all) or holds after the reduction (all-reduce,
 reduce-scatter), a measure of traffic per device and step, not of link time.
+
+A `conditional` (`lax.switch`, `lax.cond`: a pipeline's stages are the branches of one)
+runs one branch per execution, and which one differs between devices: its bytes are, per
+kind, the largest of its branches' (those of the busiest device), never their sum. Where
+different branches are the largest for different kinds, `total` may exceed what any one
+device sends.
 """
 
 from __future__ import annotations
@@ -24,8 +30,14 @@ _DTYPE_BYTES = {"pred": 1, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16
 _SHAPE = re.compile(r"\b(" + "|".join(_DTYPE_BYTES) + r")\[([\d,]*)\]")
 _COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")
 _INSTRUCTION = re.compile(r"^\s*(?:ROOT\s+)?%?[\w.\-]+\s*=\s*(.+?)\s+([\w\-]+)\((.*)$")
+# A computation one instruction runs (a while's body and condition, a fusion, a reducer):
+# group 1, or a list of them (`calls={%a, %b}`): group 2. Branches of a conditional, of
+# which one runs: group 3 (`branch_computations={%b0, %b1, ...}`), or `_TWO_BRANCHES`
+# (the two-branch form `true_computation=%t, false_computation=%f`).
 _CALLS = re.compile(
-    r"\b(?:body|condition|calls|to_apply|branch_computations)=\{?([^}]*?)\}?(?:,\s|$)")
+    r"\b(?:body|condition|calls|to_apply)=(?:%?([\w.\-]+)|\{([^}]*)\})"
+    r"|\bbranch_computations=\{([^}]*)\}")
+_TWO_BRANCHES = re.compile(r"\btrue_computation=%?([\w.\-]+),\s*false_computation=%?([\w.\-]+)")
 _TRIPS = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
 _BODY = re.compile(r"\bbody=%?([\w.\-]+)")
 
@@ -46,8 +58,16 @@ def _collective_kind(opcode: str) -> str | None:
     return None
 
 
+def _names(listed: str) -> list[str]:
+    """Computation names of ``%a, %b`` (an HLO list's inside)."""
+    return [n.strip().lstrip("%") for n in listed.split(",") if n.strip().lstrip("%")]
+
+
 def collective_bytes(hlo_text: str) -> dict[str, int]:
     """Bytes of each collective kind, per device and per execution of the program.
+
+    A conditional counts, per kind, its branch with the most bytes of that kind (see the
+    module's docstring).
 
     Args:
       hlo_text: the optimised HLO of a compiled program (`Compiled.as_text()`).
@@ -55,7 +75,9 @@ def collective_bytes(hlo_text: str) -> dict[str, int]:
     Returns:
       `{kind: bytes}` for every kind of `COLLECTIVES` (0 where absent), and `total`.
     """
-    calls: dict[str, list[tuple[str, int]]] = {}  # computation -> [(callee, times)]
+    # computation -> [(callees, times)]: all of one entry's callees run, except a
+    # conditional's (one tuple of branches), of which one runs.
+    calls: dict[str, list[tuple[tuple[str, ...], int]]] = {}
     own: dict[str, dict[str, int]] = {}  # computation -> bytes of its own collectives
     entry, current = None, None
     for line in hlo_text.splitlines():
@@ -77,20 +99,27 @@ def collective_bytes(hlo_text: str) -> dict[str, int]:
             own[current][kind] = own[current].get(kind, 0) + _shape_bytes(result_type)
         trips = _TRIPS.search(rest)
         body = _BODY.search(rest) if opcode == "while" else None
-        for callees in _CALLS.findall(rest):
-            for callee in callees.split(","):
-                name = callee.strip().lstrip("%")
-                if not name:
-                    continue
+        for one, several, branches in _CALLS.findall(rest):
+            if branches:
+                calls[current].append((tuple(_names(branches)), 1))
+                continue
+            for name in [one] if one else _names(several):
                 times = int(trips.group(1)) if (body and name == body.group(1) and trips) else 1
-                calls[current].append((name, times))
+                calls[current].append(((name,), times))
+        for pair in _TWO_BRANCHES.findall(rest):
+            calls[current].append((pair, 1))
 
     def total_of(name: str, seen: tuple = ()) -> dict[str, int]:
         out = dict(own.get(name, {}))
-        for callee, times in calls.get(name, []):
-            if callee in seen:
-                continue
-            for kind, b in total_of(callee, seen + (name,)).items():
+        for callees, times in calls.get(name, []):
+            # One of several branches runs: per kind, the most any of them sends.
+            most: dict[str, int] = {}
+            for callee in callees:
+                if callee in seen:
+                    continue
+                for kind, b in total_of(callee, seen + (name,)).items():
+                    most[kind] = max(most.get(kind, 0), b)
+            for kind, b in most.items():
                 out[kind] = out.get(kind, 0) + times * b
         return out
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import signal
 import subprocess
@@ -39,6 +40,7 @@ from typing import Any
 
 import jax
 
+from gclab.config import WrongType, is_number, require_count
 from gclab.measure.compiled import format_bytes
 
 _OOM_MARKERS = ("RESOURCE_EXHAUSTED", "Out of memory", "out of memory", "MemoryError")
@@ -108,16 +110,30 @@ def measure_peak(
       target: importable ``"package.module:function"``; the function builds and runs
         the workload (compile included) and returns a JSON-able value.
       kwargs: JSON-able keyword arguments for the target.
-      timeout: seconds before the child is killed (status 'error').
-      budget_bytes: if given, a measured peak (`peak_bytes`) above it makes the status
-        'oom' with a message saying the budget was breached.
+      timeout: seconds before the child is killed (status 'error'), a finite number > 0.
+      budget_bytes: if given, an integer >= 1: a measured peak (`peak_bytes`) above it
+        makes the status 'oom' with a message saying the budget was breached.
       env: extra environment variables for the child (override the defaults).
       track_heap: on CPU, trace the heap with memray (slower for allocation-heavy
         workloads); if False only the peak RSS is measured and compared to the budget.
 
     Returns:
       A `PeakResult`; this function does not raise on failures of the child.
+
+    Raises:
+      ValueError: for a `target` without ``:``, a `timeout` not > 0 or not finite, a
+        `budget_bytes` below 1 (before any child starts); `WrongType` (a TypeError too)
+        for a `timeout` that is no number or a `budget_bytes` that is no integer
+        (``"8GiB"``, say).
     """
+    # Checked before the child runs: a bad budget or timeout would only show after it.
+    if budget_bytes is not None:
+        budget_bytes = require_count("budget_bytes", budget_bytes, 1, caller="measure_peak")
+    if not is_number(timeout) or not math.isfinite(timeout) or timeout <= 0:
+        error = ValueError if is_number(timeout) else WrongType
+        shown = f"timeout={timeout!r}" if len(repr(timeout)) <= 80 else "timeout"
+        raise error(f"measure_peak {shown} is invalid: a finite number of seconds > 0")
+    timeout = float(timeout)
     if ":" not in target:
         raise ValueError(f"target must look like 'module:function', got {target!r}")
     payload = json.dumps(

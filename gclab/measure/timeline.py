@@ -76,6 +76,7 @@ import numpy as np
 import pandas as pd
 from jax.experimental.compilation_cache.compilation_cache import reset_cache
 
+from gclab.config import require_kind
 from gclab.measure.compiled import (
     compile_timed,
     format_bytes,
@@ -132,6 +133,8 @@ _SEQ_RE = re.compile(r"^\s*(\d+):(\S+)\s*$")
 _TYPE_RE = re.compile(
     r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(\([^=]*?\)|[\w\[\],{}:()]+?)\s+[\w\-]+\(")
 _RANGE_RE = re.compile(r"^\s*(\S+\{[^}]*\}):(\d+)-(\d+)\s*$")
+#: Module names from this length on may be left out of XLA's dump file names.
+_LONGEST_NAMED_MODULE = 180
 
 
 @dataclasses.dataclass(frozen=True)
@@ -154,6 +157,8 @@ class Timeline:
         `timeline_from_dump`); if not, a loop body appears once.
       peak_values: the values live at the peak, largest first: one `LiveValue` per
         buffer (aliases of one buffer counted once), so their bytes sum to `peak_bytes`.
+      dump_dir: the folder the XLA dump was kept in (`memory_timeline`'s `keep_dump`),
+        '' if it was not kept.
     """
 
     live_bytes: np.ndarray
@@ -169,6 +174,7 @@ class Timeline:
     name: str = ""
     unrolled: bool = False
     peak_values: tuple["LiveValue", ...] = ()
+    dump_dir: str = ""
 
     def __len__(self) -> int:
         return int(self.live_bytes.shape[0])
@@ -694,13 +700,16 @@ def timeline_from_dump(
 
     Args:
       dump_dir: directory holding ``*after_optimizations-live-range.txt`` and
-        ``*after_optimizations-buffer-assignment.txt`` (one module; the newest is used
-        if several).
+        ``*after_optimizations-buffer-assignment.txt``. Only the files of the module
+        `hlo_text` names (its ``HloModule`` line) are read, else those of the dumped
+        ``*after_optimizations.txt`` that sorts last; of several dumps of that module
+        (XLA numbers modules per process), the one that sorts last.
       hlo_text: optimised HLO text for op_name metadata; defaults to the dumped
         ``*after_optimizations.txt``.
       stage_rules: see `label_op`.
       temp_bytes: the module's temp size, if known (else the largest temp allocation
-        found in the buffer assignment).
+        found in the buffer assignment). Live bytes are bytes of the temp allocation,
+        so a peak above it means the dump is another compile's.
       name: label of the timeline.
       unroll_loops: repeat the body of every while loop with a known trip count once
         per iteration (XLA's schedule holds it once), so that the x axis is execution
@@ -715,26 +724,36 @@ def timeline_from_dump(
       The timeline.
 
     Raises:
-      FileNotFoundError: if the dump lacks the live-range or buffer-assignment file.
+      FileNotFoundError: if the dump lacks the live-range or buffer-assignment file of
+        the module.
+      ValueError: if the peak exceeds `temp_bytes` (the dump is not that compile's).
     """
 
-    def newest(pattern: str) -> str:
+    def newest(pattern: str, module: str | None = None) -> str:
         found = sorted(glob.glob(os.path.join(dump_dir, pattern)))
+        if module is not None:
+            # XLA names a dump file [<timestamp>.]module_<number>.<module>.<what>, leaving
+            # the module out where the name would pass 255 characters.
+            own = re.compile(r"(?:^|\.)module_\d+\." + re.escape(module) + r"\.")
+            named = [p for p in found if own.search(os.path.basename(p))]
+            found = named if named or len(module) < _LONGEST_NAMED_MODULE else found
         if not found:
+            of = f" of module {module}" if module else ""
             raise FileNotFoundError(
-                f"no {pattern} in {dump_dir}: did XLA compile (not hit a cache) with "
+                f"no {pattern}{of} in {dump_dir}: did XLA compile (not hit a cache) with "
                 "xla_dump_to and xla_dump_hlo_as_text?"
             )
         return found[-1]
 
-    with open(newest("*after_optimizations-live-range.txt")) as f:
-        sequence, ranges = _parse_live_range(f.read())
-    with open(newest("*after_optimizations-buffer-assignment.txt")) as f:
-        assignment = f.read()
-    values = _parse_buffer_assignment(assignment)
     if hlo_text is None:
         with open(newest("*after_optimizations.txt")) as f:
             hlo_text = f.read()
+    module = _module_name(hlo_text)
+    with open(newest("*after_optimizations-live-range.txt", module)) as f:
+        sequence, ranges = _parse_live_range(f.read())
+    with open(newest("*after_optimizations-buffer-assignment.txt", module)) as f:
+        assignment = f.read()
+    values = _parse_buffer_assignment(assignment)
     if temp_bytes is None:
         sizes = [
             int(m.group(2))
@@ -761,6 +780,11 @@ def timeline_from_dump(
             live = live[points]
             unrolled = True
     peak_index = int(np.argmax(live)) if len(live) else 0
+    if len(live) and int(live[peak_index]) > temp_bytes:
+        # Bytes live are bytes of the temp allocation: more than it holds is another plan.
+        raise ValueError(
+            f"the dump in {dump_dir} is not this compile's: its peak of "
+            f"{int(live[peak_index])} B exceeds temp_bytes={int(temp_bytes)} B")
     peak_values: tuple[LiveValue, ...] = ()
     if len(live):
         point = int(points[peak_index])
@@ -783,6 +807,12 @@ def timeline_from_dump(
         unrolled=unrolled,
         peak_values=peak_values,
     )
+
+
+def _module_name(hlo_text: str) -> str | None:
+    """The name on an HLO text's ``HloModule`` line (XLA's dump files carry it), or None."""
+    m = re.search(r"^HloModule\s+([^\s,]+)", hlo_text, re.MULTILINE)
+    return m.group(1) if m else None
 
 
 def memory_timeline(
@@ -809,7 +839,9 @@ def memory_timeline(
       static_argnums: passed to `jax.jit`.
       donate_argnums: passed to `jax.jit`.
       name: label for plots (defaults to the function's name).
-      keep_dump: if given, the dump is written to this directory and kept.
+      keep_dump: if given, the dump is kept under this directory (created if missing), in
+        a fresh subfolder ``gclab_xla_dump_*`` per compile (`Timeline.dump_dir`), so
+        that compiles and processes sharing `keep_dump` never read each other's files.
       unroll_loops: one repetition of each loop body per iteration, labelled
         ``'processor step i'`` for the processor (see `timeline_from_dump`).
       **kwargs: keyword arguments of `fn`.
@@ -874,7 +906,11 @@ def compile_with_timeline(
     Returns:
       ``(compiled, compile_seconds, timeline)``.
     """
-    dump_dir = keep_dump or tempfile.mkdtemp(prefix="gclab_xla_dump_")
+    if keep_dump is not None:
+        require_kind("keep_dump", keep_dump, (str, os.PathLike), "a folder path")
+        os.makedirs(keep_dump, exist_ok=True)
+    # A fresh folder per compile: XLA numbers modules per process (module_0000.* in each).
+    dump_dir = tempfile.mkdtemp(prefix="gclab_xla_dump_", dir=keep_dump)
     options = {**(compiler_options or {}), **TIMELINE_COMPILER_OPTIONS,
                "xla_dump_to": dump_dir, "xla_dump_hlo_as_text": True}
     try:
@@ -899,5 +935,6 @@ def compile_with_timeline(
         argument_bytes=memory.argument_bytes,
         output_bytes=memory.output_bytes,
         backend=memory.backend,
+        dump_dir=dump_dir if keep_dump is not None else "",
     )
     return compiled, seconds, timeline

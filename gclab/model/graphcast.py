@@ -35,6 +35,7 @@ from gclab.config import (
     STRUCTURAL_NODE_FEATURES,
     ModelConfig,
     WrongType,
+    require_count,
     require_kind,
 )
 from gclab.memory.blocks import (
@@ -640,10 +641,13 @@ def make_network(model: ModelConfig, data_channels: int, output_channels: int,
     Returns:
       `net` with `net.init(rng, graph, inputs)` and `net.apply(params, graph, inputs)`,
       `inputs` [Ng, B, C] -> outputs [Ng, B, O] float32.
+
+    Raises:
+      ValueError: a channel count below 1; `WrongType` (a TypeError too) for a channel
+        count that is no integer, or `model` or `memory` of the wrong kind.
     """
-    for name, v in (("data_channels", data_channels), ("output_channels", output_channels)):
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
-            raise ValueError(f"{name}={v!r} is invalid: an integer >= 1.")
+    data_channels = require_count("data_channels", data_channels, 1)
+    output_channels = require_count("output_channels", output_channels, 1)
     # Checked here: the transform reads them only in `init` or `apply`, where a wrong kind
     # is an attribute error of some inner line.
     require_kind("model", model, ModelConfig)

@@ -35,14 +35,20 @@ def from_official(official: Mapping[str, Mapping[str, np.ndarray]]) -> dict:
       gclab's `{module_path: {param_name: array}}`.
 
     Raises:
+      TypeError: `official` or one of its modules is not a mapping (`WrongType`, a
+        ValueError too).
       ValueError: an unknown module path, or processor steps that are missing or whose
         shapes differ.
     """
+    require_kind("official", official, Mapping, "a {module: {name: array}} mapping")
     out: dict = {}
     steps: dict = {}
     for module, leaves in official.items():
-        if not module.startswith(_GNNS) or BUILDER not in module:
+        if not isinstance(module, str) or not module.startswith(_GNNS) or BUILDER not in module:
             raise ValueError(f"not an official GraphCast parameter path: {module!r}")
+        if not isinstance(leaves, Mapping):
+            raise WrongType(f"official is invalid: {module} is {a_kind(leaves)}, not a "
+                            f"{{name: array}} mapping")
         name = module.replace(BUILDER, "", 1)
         m = _STEP.match(name)
         if m:

@@ -39,7 +39,7 @@ import jax
 import numpy as np
 from scipy.spatial import cKDTree
 
-from gclab.config import ConfigError, ModelConfig, a_kind, is_int, is_number
+from gclab.config import ConfigError, ModelConfig, WrongType, a_kind, is_int, is_number
 from gclab.geometry.graphs import build_graphs
 from gclab.geometry.grid_mesh import grid_positions, nearest_flat_faces, point_triangle_distance
 from gclab.geometry.icosahedral import multimesh
@@ -461,13 +461,14 @@ def run_checks(fx: Fixture, tolerance: float = DEFAULT_TOLERANCE) -> list:
     """Runs both checks on a loaded fixture and returns a list of `Check`s.
 
     Raises:
-      ValueError: `fx` is not a `Fixture`, or `tolerance` not a finite number > 0.
+      ValueError: `tolerance` not a finite number > 0; `WrongType` (a TypeError too) for
+        `fx` not a `Fixture` or `tolerance` not a number.
     """
     if not isinstance(fx, Fixture):
-        raise ValueError(f"run_checks needs a Fixture (see load_fixture), not "
-                         f"{a_kind(fx)}")
+        raise WrongType(f"run_checks needs a Fixture (see load_fixture), not {a_kind(fx)}")
     if not is_number(tolerance) or not 0 < tolerance < math.inf:
-        raise ValueError(f"tolerance={tolerance!r} is invalid: a finite number > 0")
+        error = ValueError if is_number(tolerance) else WrongType
+        raise error(f"tolerance={tolerance!r} is invalid: a finite number > 0")
     a = fx.arrays
     net = make_network(fx.config, fx.data_channels, fx.output_channels)
     apply = jax.jit(net.apply)

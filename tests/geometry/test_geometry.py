@@ -339,3 +339,40 @@ def test_bad_arguments(kwargs, tmp_path):
     with pytest.raises(ValueError):
         graphs_lib.build_graphs(**kwargs, cache_dir=tmp_path)
     assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("args, named", [
+    ((4.0, 2.7), "mesh_splits=2.7"),
+    ((4.0, True), "mesh_splits=True"),
+    (("x", 2), "resolution='x'"),
+    ((4.0, 2, "0.6"), "radius_query_fraction_edge_length='0.6'"),
+])
+def test_cache_path_refuses_what_build_graphs_refuses(args, named):
+    from gclab.config import WrongType
+
+    # 2.7 or True splits would name the cache of 2 or 1 splits.
+    with pytest.raises(WrongType, match=f"^ModelConfig.{named} is invalid: "):
+        graphs_lib.cache_path(*args)
+
+
+def test_cache_path_accepts_numpy_numbers_and_refuses_a_cache_dir_of_the_wrong_kind(tmp_path):
+    from gclab.config import WrongType
+
+    assert (graphs_lib.cache_path(np.float64(4.0), np.int64(2), cache_dir=tmp_path)
+            == graphs_lib.cache_path(4.0, 2, cache_dir=tmp_path))
+    with pytest.raises(WrongType, match=r"^cache_path cache_dir=3 is invalid: None or a path"):
+        graphs_lib.cache_path(4.0, 2, cache_dir=3)
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: graphs_lib.graphs_for("cpu-4x32"), "^graphs_for needs a ModelConfig, not a str$"),
+    (lambda: graphs_lib.build_graphs(10.0, 2, cache="no"),
+     r"^cache='no' is invalid: True or False, not a str$"),
+    (lambda: graphs_lib.build_graphs(10.0, 2, cache_dir=3),
+     r"^cache_dir=3 is invalid: None or a path, not an int$"),
+])
+def test_graph_arguments_of_the_wrong_kind_are_type_errors(call, message):
+    from gclab.config import WrongType
+
+    with pytest.raises(WrongType, match=message):
+        call()

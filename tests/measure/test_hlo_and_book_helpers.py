@@ -128,3 +128,124 @@ def test_plot_graph_neighbourhood_draws_three_mesh2grid_edges():
     assert "(red: 3)" in ax.get_title()
     red = [line for line in ax.lines if line.get_color() == "#d62728"]
     assert len(red) == 3
+
+
+# --------------------------------------------------------------------------- collectives
+
+_STAGES_HLO = """HloModule piped, entry_computation_layout={(s32[], f32[256]{0})->f32[256]{0}}
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(f32[] %a, f32[] %b)
+}
+
+%stage_0 (p.0: f32[256]) -> f32[256] {
+  %p.0 = f32[256]{0} parameter(0)
+  %head = f32[8]{0} slice(f32[256]{0} %p.0), slice={[0:8]}
+  %ar.0 = f32[8]{0} all-reduce(f32[8]{0} %head), replica_groups={{0,1}}, to_apply=%add
+  ROOT %r.0 = f32[256]{0} pad(f32[8]{0} %ar.0, f32[] %z), padding=0_248
+}
+
+%stage_1 (p.1: f32[256]) -> f32[256] {
+  %p.1 = f32[256]{0} parameter(0)
+  %ar.1 = f32[256]{0} all-reduce(f32[256]{0} %p.1), replica_groups={{0,1}}, to_apply=%add
+  ROOT %cp.1 = f32[256]{0} collective-permute(f32[256]{0} %ar.1), source_target_pairs={{0,1}}
+}
+
+%stage_2 (p.2: f32[256]) -> f32[256] {
+  %p.2 = f32[256]{0} parameter(0)
+  %cp.2 = f32[512]{0} collective-permute(f32[512]{0} %w), source_target_pairs={{1,0}}
+  ROOT %r.2 = f32[256]{0} slice(f32[512]{0} %cp.2), slice={[0:256]}
+}
+
+%ENTRY_BODY%
+"""
+
+_SWITCH = """ENTRY %main (i: s32[], x: f32[256]) -> f32[256] {
+  %i = s32[] parameter(0)
+  %x = f32[256]{0} parameter(1)
+  ROOT %c = f32[256]{0} conditional(s32[] %i, X, X, X), BRANCHES
+}""".replace("X", "f32[256]{0} %x").replace(
+    "BRANCHES", "branch_computations={%stage_0, %stage_1, %stage_2}")
+
+_COND = """ENTRY %main (q: pred[], x: f32[256]) -> f32[256] {
+  %q = pred[] parameter(0)
+  %x = f32[256]{0} parameter(1)
+  ROOT %c = f32[256]{0} conditional(pred[] %q, X, X), BRANCHES
+}""".replace("X", "f32[256]{0} %x").replace(
+    "BRANCHES", "true_computation=%stage_0, false_computation=%stage_2")
+
+
+def test_collective_bytes_of_a_switch_are_its_busiest_branch_per_kind():
+    """A device runs one branch of a conditional (a pipeline's stages are the branches of a
+    `lax.switch`): per kind, the most any branch moves, from every branch listed."""
+    from gclab.measure import collective_bytes
+
+    got = collective_bytes(_STAGES_HLO.replace("%ENTRY_BODY%", _SWITCH))
+    # stage_1's all-reduce of 256 floats and stage_2's permute of 512, not stage_0's 8.
+    assert got["all-reduce"] == 256 * 4 and got["collective-permute"] == 512 * 4
+    assert got["total"] == 768 * 4
+    # Two branches in `lax.cond`'s form.
+    got = collective_bytes(_STAGES_HLO.replace("%ENTRY_BODY%", _COND))
+    assert (got["all-reduce"], got["collective-permute"]) == (8 * 4, 512 * 4)
+
+
+def test_collective_bytes_of_a_switch_in_a_loop_count_each_iteration():
+    from gclab.measure import collective_bytes
+
+    # The switch as the body of a loop of three iterations.
+    looped = _SWITCH.replace("ENTRY %main", "%body") + "\n\n" + (
+        "%cond (t: (s32[], f32[256])) -> pred[] {\n"
+        "  ROOT %k = pred[] constant(true)\n}\n\n"
+        "ENTRY %main (t: (s32[], f32[256])) -> (s32[], f32[256]) {\n"
+        "  %t = (s32[], f32[256]{0}) parameter(0)\n"
+        "  ROOT %w = (s32[], f32[256]{0}) while((s32[], f32[256]{0}) %t), condition=%cond, "
+        'body=%body, backend_config={"known_trip_count":{"n":"3"}}\n}')
+    got = collective_bytes(_STAGES_HLO.replace("%ENTRY_BODY%", looped))
+    assert (got["all-reduce"], got["collective-permute"]) == (3 * 256 * 4, 3 * 512 * 4)
+
+
+_SWITCH_WORKER = """
+import jax
+jax.config.update("jax_num_cpu_devices", 2)
+import jax.numpy as jnp
+from jax.sharding import Mesh, PartitionSpec as P
+
+def quiet(a):  # sums 4 floats over the devices
+    return a + jax.lax.psum(a[:4], "x").sum()
+
+def busy(a):  # sums all 256
+    return a + jax.lax.psum(a, "x")
+
+def per_device(a):
+    return jax.lax.switch(jax.lax.axis_index("x"), (quiet, busy), a)
+
+mesh = Mesh(jax.devices(), ("x",))
+f = jax.jit(jax.shard_map(per_device, mesh=mesh, in_specs=P("x"), out_specs=P("x")))
+print(f.lower(jax.ShapeDtypeStruct((2 * 256,), jnp.float32)).compile().as_text())
+"""
+
+
+def test_collective_bytes_of_a_compiled_switch_count_its_busier_branch():
+    """A real partitioned program whose second branch sums more: its bytes, not the first's,
+    whichever order the branches are listed in."""
+    import re
+    import subprocess
+    import sys
+
+    from gclab.measure import collective_bytes
+
+    run = subprocess.run([sys.executable, "-c", _SWITCH_WORKER], capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-2000:]
+    hlo = run.stdout
+    lists = re.findall(r"branch_computations=\{([^}]*)\}", hlo)
+    assert lists and all("," in b for b in lists)
+    got = collective_bytes(hlo)
+    assert got["all-reduce"] == 256 * 4 == got["total"]
+
+    def reverse(m: re.Match) -> str:
+        return "branch_computations={" + ", ".join(reversed(m.group(1).split(", "))) + "}"
+
+    assert collective_bytes(re.sub(r"branch_computations=\{([^}]*)\}", reverse, hlo)) == got

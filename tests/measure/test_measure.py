@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import re
 
 import matplotlib
@@ -197,6 +198,56 @@ def test_timeline_names_the_buffers_live_at_its_peak(remat):
     assert len(table) == min(3, len(values))
 
 
+def _big_grad(x):
+    return jax.grad(lambda y: jnp.sum(jnp.tanh(jnp.sin(y) @ jnp.cos(y)) ** 2))(x)
+
+
+def _small_grad(x):
+    return jax.grad(lambda y: jnp.sum(jnp.tanh(jnp.sin(y) @ jnp.cos(y)) ** 2))(x)
+
+
+def _copy_dump(source, target, number: str) -> None:
+    """The dump files under `source` into `target`, as module `number` of another process."""
+    import pathlib
+    import shutil
+
+    pathlib.Path(target).mkdir(exist_ok=True)
+    for path in pathlib.Path(source).rglob("module_*after_optimizations*.txt"):
+        shutil.copy(path, pathlib.Path(target) / re.sub(r"^module_\d+", f"module_{number}",
+                                                         path.name))
+
+
+def test_timeline_kept_dump_reads_its_own_compile(tmp_path):
+    """XLA numbers the modules it dumps per process: a folder shared by two processes holds
+    two `module_0000`s, or another's module sorts after this one's. Each compile dumps into
+    a fresh subfolder of `keep_dump`, and a dump of another module is never read."""
+    from gclab.measure import timeline_from_dump
+    from gclab.measure.timeline import compile_with_timeline
+
+    big = memory_timeline(_big_grad, S((256, 256), jnp.float32), keep_dump=str(tmp_path / "a"))
+    shared = tmp_path / "shared"
+    _copy_dump(tmp_path / "a", shared, "9999")  # another process's, sorting last
+    compiled, _, small = compile_with_timeline(_small_grad, S((32, 32), jnp.float32),
+                                               keep_dump=str(shared))
+    assert small.temp_bytes < big.peak_bytes
+    assert 0 < small.peak_bytes <= small.temp_bytes
+    assert os.path.dirname(small.dump_dir) == str(shared)
+    assert os.path.basename(small.dump_dir).startswith("gclab_xla_dump_")
+    assert big.dump_dir != small.dump_dir
+    # Both in one folder: the module the HLO names is read, whichever sorts last.
+    flat = tmp_path / "flat"
+    _copy_dump(small.dump_dir, flat, "0000")
+    _copy_dump(big.dump_dir, flat, "0001")
+    again = timeline_from_dump(str(flat), compiled.as_text(), temp_bytes=small.temp_bytes)
+    assert again.peak_bytes == small.peak_bytes
+    # Without the HLO, the last one is read: its peak exceeds this compile's temp bytes.
+    with pytest.raises(ValueError, match=r"is not this compile's: its peak of \d+ B "
+                                         rf"exceeds temp_bytes={small.temp_bytes} B"):
+        timeline_from_dump(str(flat), temp_bytes=small.temp_bytes)
+    with pytest.raises(FileNotFoundError, match="of module jit_other"):
+        timeline_from_dump(str(flat), "HloModule jit_other, is_scheduled=true\n")
+
+
 def test_timeline_sees_remat_saving():
     plain = memory_timeline(jax.grad(_toy(False)[0]), *_toy(False)[1:])
     remat = memory_timeline(jax.grad(_toy(True)[0]), *_toy(True)[1:])
@@ -237,7 +288,7 @@ def test_timeline_attributes_processor_steps(memory, tmp_path):
     model = dataclasses.replace(preset.model, processor_steps=steps, latent_size=16)
     loss, args = loss_grad_abstract(StepSpec(model, preset.task, memory))
     unrolled = memory_timeline(jax.grad(loss), *args, keep_dump=str(tmp_path))
-    rolled = timeline_from_dump(str(tmp_path), unroll_loops=False,
+    rolled = timeline_from_dump(unrolled.dump_dir, unroll_loops=False,
                                 temp_bytes=unrolled.temp_bytes)
     assert unrolled.unrolled and not rolled.unrolled
     assert len(unrolled) > len(rolled)

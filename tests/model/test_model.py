@@ -222,3 +222,30 @@ def test_to_official_names_a_tree_that_is_not_gclabs():
         params_lib.to_official({"grid2mesh_gnn/x": 3})
     both = params_lib.to_official({stacked: {"w": np.zeros((2, 3)), "b": np.zeros((2, 1))}})
     assert sorted(both) == [official, official.replace("_0_", "_1_")]
+
+
+@pytest.mark.parametrize("channels, named", [(("3", 3), "data_channels='3'"),
+                                             ((3, 2.0), "output_channels=2.0")])
+def test_make_network_names_a_channel_count_of_the_wrong_kind(channels, named):
+    from gclab.config import WrongType
+
+    with pytest.raises(WrongType, match=f"^{named} is invalid: an integer >= 1$"):
+        make_network(ModelConfig(), *channels)
+    with pytest.raises(ValueError, match="^data_channels=0 is invalid: an integer >= 1$"):
+        make_network(ModelConfig(), 0, 3)
+    make_network(ModelConfig(), np.int64(3), np.int32(2))  # numpy counts are counts
+
+
+@pytest.mark.parametrize("official, message", [
+    (["a"], r"^official=\['a'\] is invalid: a \{module: \{name: array\}\} mapping, not a list$"),
+    ({"grid2mesh_gnn/~_networks_builder/x": 3},
+     r"^official is invalid: grid2mesh_gnn/~_networks_builder/x is an int, not a "
+     r"\{name: array\} mapping$"),
+])
+def test_from_official_names_an_argument_of_the_wrong_kind(official, message):
+    from gclab.config import WrongType
+
+    with pytest.raises(WrongType, match=message):
+        params_lib.from_official(official)
+    with pytest.raises(ValueError, match="^not an official GraphCast parameter path: 3$"):
+        params_lib.from_official({3: {}})  # a key that is no path at all

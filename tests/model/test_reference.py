@@ -304,3 +304,15 @@ def test_fixture_with_another_face_off_ties_fails(tmp_path):
     _write_fixture(path, **cfg, m2g_faces={tie: g.mesh2grid.senders[3 * tie:3 * tie + 3][::-1]})
     m2g = {c.name: c for c in run_checks(load_fixture(path))}[m2g.name]
     assert not m2g.passed and "1 grid nodes differ: 0 ties" in m2g.detail
+
+
+def test_run_checks_names_an_argument_of_the_wrong_kind():
+    from gclab.config import WrongType
+
+    with pytest.raises(WrongType, match="^run_checks needs a Fixture .*, not a str$"):
+        run_checks("x.npz")
+    fx = load_fixture(SHARED[0])
+    with pytest.raises(WrongType, match="^tolerance='1e-5' is invalid: a finite number > 0$"):
+        run_checks(fx, "1e-5")
+    with pytest.raises(ValueError, match="^tolerance=0 is invalid: a finite number > 0$"):
+        run_checks(fx, 0)
