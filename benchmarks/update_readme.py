@@ -5,8 +5,8 @@ The README shows numbers only through this script: the official code's temporari
 (`official_side_by_side.py`), the recipe tables from
 `benchmarks/results/memory-cpu.json` (written by `memory_recipes.py`) and
 `benchmarks/results/memory-gpu.json` (`memory_device.py`, on a GPU), the planner
-example from `benchmarks/results/plan-graphcast-small-T4.txt` (the output of
-`python -m gclab plan --budget T4 --preset graphcast-small`), the book's build time from
+example from `benchmarks/results/plan-example-cpu.json` (`plan_example.py`: the output of
+`gclab plan --budget T4 --preset graphcast-small`), the book's build time from
 `benchmarks/results/book-build-cpu.json` (written by `book_build.py`), the CI run from
 `benchmarks/results/ci-run-cpu.json` (`ci_run.py`), the per-device
 table from `benchmarks/results/parallel-memory-cpu-*.json` (written by `parallel_memory.py`),
@@ -125,7 +125,11 @@ def memory_gpu_block() -> str:
 
 
 def plan_block() -> str:
-    return "```\n" + (RESULTS / "plan-graphcast-small-T4.txt").read_text().strip() + "\n```"
+    record = json.loads((RESULTS / "plan-example-cpu.json").read_text())
+    hw = record["hardware"]
+    return (f"Recorded with `python benchmarks/plan_example.py` ({hw['cpu cores']}-core "
+            f"{hw['backend']}, {hw['versions']}, {hw['date'][:10]}, commit "
+            f"{record['commit']}):\n\n```\n$ {record['command']}\n{record['output']}\n```")
 
 
 def book_block() -> str:

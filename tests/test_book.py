@@ -6,10 +6,10 @@ import json
 import os
 import re
 import subprocess
+import tomllib
 from pathlib import Path
 
 import pytest
-import tomllib
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -133,7 +133,8 @@ _SEQ_RE = re.compile(r"^\s*(\d+):(\S+)\s*$")
 _TYPE_RE = re.compile(
     r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(\([^=]*?\)|[\w\[\],{}:()]+?)\s+[\w\-]+\(")
 _RANGE_RE = re.compile(r"^\s*(\S+\{[^}]*\}):(\d+)-(\d+)\s*$")
-#: Module names from this length on may be left out of XLA's dump file names.
+#: Module names from about this length on make dump file names longer than a file system
+#: takes (255 bytes): XLA then writes no file for the module (it logs "File name too long").
 _LONGEST_NAMED_MODULE = 180
 
 
@@ -732,17 +733,20 @@ def timeline_from_dump(
     def newest(pattern: str, module: str | None = None) -> str:
         found = sorted(glob.glob(os.path.join(dump_dir, pattern)))
         if module is not None:
-            # XLA names a dump file [<timestamp>.]module_<number>.<module>.<what>, leaving
-            # the module out where the name would pass 255 characters.
+            # XLA names a dump file [<timestamp>.]module_<number>.<module>.<what>; only
+            # this module's files are read (another module's would give its timeline).
             own = re.compile(r"(?:^|\.)module_\d+\." + re.escape(module) + r"\.")
-            named = [p for p in found if own.search(os.path.basename(p))]
-            found = named if named or len(module) < _LONGEST_NAMED_MODULE else found
+            found = [p for p in found if own.search(os.path.basename(p))]
         if not found:
             of = f" of module {module}" if module else ""
-            raise FileNotFoundError(
-                f"no {pattern}{of} in {dump_dir}: did XLA compile (not hit a cache) with "
-                "xla_dump_to and xla_dump_hlo_as_text?"
-            )
+            if module is not None and len(module) >= _LONGEST_NAMED_MODULE:
+                why = (f"its name has {len(module)} characters, and XLA writes no dump file "
+                       "whose name a file system cannot hold: give the function a shorter "
+                       "name")
+            else:
+                why = ("did XLA compile (not hit a cache) with xla_dump_to and "
+                       "xla_dump_hlo_as_text?")
+            raise FileNotFoundError(f"no {pattern}{of} in {dump_dir}: {why}")
         return found[-1]
 
     if hlo_text is None:

@@ -246,6 +246,12 @@ def test_timeline_kept_dump_reads_its_own_compile(tmp_path):
         timeline_from_dump(str(flat), temp_bytes=small.temp_bytes)
     with pytest.raises(FileNotFoundError, match="of module jit_other"):
         timeline_from_dump(str(flat), "HloModule jit_other, is_scheduled=true\n")
+    # A name too long for a dump file's name: XLA writes none, and another module's files
+    # must not stand in for them.
+    long = "jit_" + "x" * 200
+    with pytest.raises(FileNotFoundError, match=f"of module {long} .*its name has 204 "
+                                                "characters"):
+        timeline_from_dump(str(flat), f"HloModule {long}, is_scheduled=true\n")
 
 
 def test_timeline_sees_remat_saving():
