@@ -491,11 +491,16 @@ def run_if_fits(spec, label: str = "", *, graphs=None, usable: Optional[int] = N
     Raises:
       TypeError: `usable` not a number (a size in words such as ``"8GiB"``, say).
       ValueError: `usable` not a finite number >= 1.
+      gclab.limits.TooLarge: the model's graphs, built first (every plan needs them),
+        would not fit this machine's memory.
     """
+    from gclab.geometry import graphs_for
     from gclab.sizing import CompiledStep, compile_train_step, estimate_step_bytes
     from gclab.sizing.step import device_memory_bytes
 
     usable = _usable(usable, "run_if_fits")
+    # Built before the guarded compile, so that a refusal there is the step's own.
+    graphs = graphs if graphs is not None else graphs_for(spec.model)
     held = device_memory_bytes()  # what compile_train_step runs a step against
     if held is not None:
         usable = min(usable, held)

@@ -447,6 +447,22 @@ def test_run_if_fits_shows_a_step_too_large_to_plan_by_its_estimate(monkeypatch)
     assert run.plan_bytes == estimate_step_bytes(spec) and run.temp_bytes == 0
 
 
+def test_run_if_fits_reports_graphs_too_large_to_build_once(monkeypatch):
+    # Guards against a graph-build refusal taken for the step's own and the graphs built
+    # again while handling it (two chained tracebacks of the same refusal).
+    import gclab.geometry.graphs as graphs_module
+    from gclab.config import ModelConfig, TaskConfig
+    from gclab.limits import TooLarge
+    from gclab.notebook import run_if_fits
+    from gclab.sizing import StepSpec
+
+    monkeypatch.setattr(graphs_module, "host_memory_bytes", lambda: 4 * 2**30)
+    spec = StepSpec(ModelConfig(resolution=0.1, mesh_splits=6), TaskConfig.from_levels(13))
+    with pytest.raises(TooLarge, match="^building the graphs of a 0.1 deg grid") as e:
+        run_if_fits(spec, "0.1 deg", usable=80 * 10**9)
+    assert e.value.__context__ is None
+
+
 def test_guarded_grid_runs_every_config_of_a_generator(monkeypatch):
     from gclab import notebook
 
