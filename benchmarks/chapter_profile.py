@@ -9,10 +9,15 @@ cache saved. Each code cell is followed by a hidden cell that prints those count
 resets them. The chapters on disk are not changed.
 
 Writes ``benchmarks/results/chapter-profile-<backend>.json``: per chapter, its wall time
-and the three sums, and its slowest cells with their share of compiles.
+and the three sums, and its slowest cells with their share of compiles. That file is the
+book's profile (every chapter, no ``XLA_FLAGS``); a run of some chapters, or under other
+``XLA_FLAGS``, needs ``--name NAME`` and writes ``chapter-profile-<backend>-NAME.json``
+beside it (the README's other rows: ``elemental-emitter``, ``test-flags``, ...).
 
     python benchmarks/chapter_profile.py                # every chapter of _toc.yml
-    python benchmarks/chapter_profile.py --chapters 03,06
+    python benchmarks/chapter_profile.py --chapters 03,06 --name 03-06
+    XLA_FLAGS=--xla_cpu_use_fusion_emitters=false \
+        python benchmarks/chapter_profile.py --name elemental-emitter
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ import argparse
 import datetime as dt
 import json
 import os
+import re
 import sys
 import tempfile
 import time
@@ -107,6 +113,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", default="1800",
                         help="seconds one cell may take (default 1800)")
     parser.add_argument("--slowest", default="5", help="slowest cells kept per chapter (default 5)")
+    parser.add_argument("--name", default="",
+                        help="write chapter-profile-<backend>-NAME.json (lower-case letters, "
+                             "digits, '-'); needed with --chapters or XLA_FLAGS")
     args = parser.parse_args(argv)
 
     def fail(message: str):
@@ -122,6 +131,18 @@ def main(argv: list[str] | None = None) -> int:
     if not paths:
         fail(f"--chapters {args.chapters}: no chapter of _toc.yml starts with these "
              "(e.g. 03,06 or appendix)")
+    if args.name and not re.fullmatch(r"[a-z0-9]+(-[a-z0-9]+)*", args.name):
+        fail(f"--name {args.name}: lower-case letters and digits joined by '-', "
+             "e.g. elemental-emitter")
+    # chapter-profile-<backend>.json is the book's row of the README: every chapter, with
+    # the compiler's defaults. Any other run is kept under a name of its own.
+    flags = os.environ.get("XLA_FLAGS", "").strip()
+    if not args.name and len(paths) < len(chapters_of_toc(ROOT)):
+        fail(f"--chapters {args.chapters}: some chapters only; name the record with "
+             "--name NAME (writes chapter-profile-<backend>-NAME.json)")
+    if not args.name and flags:
+        fail(f"XLA_FLAGS={flags}: not the book's settings; name the record with "
+             "--name NAME (writes chapter-profile-<backend>-NAME.json)")
     # An empty cache, shared by the chapters, as on a fresh machine's first build.
     os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="gclab-profile-jax-")
     chapters = []
@@ -137,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
               "seconds": round(sum(c["seconds"] for c in chapters), 1),
               **{key: round(sum(c[key] for c in chapters), 1) for key in EVENTS},
               "chapters": chapters}
-    write_record("chapter-profile", record)
+    write_record("chapter-profile", record, suffix=f"-{args.name}" if args.name else "")
     return 0
 
 

@@ -14,11 +14,15 @@ temp); step times are the planner's ranking with the card's published speeds (TP
 no entry in `gclab.sizing.speed.CARD_SPEEDS`: it is ranked with the reference card's, and
 the record says so). Where nothing fits, the record keeps every candidate with its size.
 
-Writes `benchmarks/results/cluster-plans-cpu.json` (rows as they are planned) and the same
-file into `gclab/recordings/` (package data), which chapter 8 reads.
+Writes `benchmarks/results/cluster-plans-cpu.json` (rewritten whole after each row, in one
+rename) and the same file into `gclab/recordings/` (package data), which chapter 8 reads.
+A run replaces the recorded rows of the questions (cluster, batch, precision) it asks again
+and keeps the others, so a run of one cluster leaves the rest of the file as it was. One
+file holds one preset: a run of another preset needs `--out` elsewhere.
 
     python benchmarks/cluster_plans.py                    # every cluster, batch, precision
     python benchmarks/cluster_plans.py --clusters 8xA100-40GB --precisions f32
+    python benchmarks/cluster_plans.py --preset graphcast-small --out /tmp/small.json
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fresh_clone import commit  # noqa: E402
 
 from gclab.config import get_preset  # noqa: E402
+from gclab.files import write_text_atomic  # noqa: E402
 from gclab.measure import format_bytes, machine  # noqa: E402
 from gclab.sizing.layout_plan import plan_layout  # noqa: E402
 from gclab.sizing.planner import NothingFits  # noqa: E402
@@ -67,7 +72,7 @@ def plan_row(cluster: str, preset: str, batch: int, precision: str,
     except NothingFits as e:
         row.update(fits=False, explanation=str(e), candidates=e.candidates)
     row["seconds"] = round(time.perf_counter() - start, 1)
-    # Each row names when and from which commit it was planned: `--append` keeps rows of
+    # Each row names when and from which commit it was planned: a run keeps rows of
     # earlier runs beside new ones under one file-level hardware record.
     row["date"] = dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")
     row["commit"] = commit()
@@ -78,19 +83,25 @@ def _key(row: dict) -> tuple:
     return row["cluster"], row["preset"], row["batch"], row["precision"]
 
 
-def merged(rows: list, preset: str) -> list:
-    """`rows` with the recorded rows of questions not among them, in cluster order."""
+def recorded(path: Path) -> dict:
+    """The record at `path`, or one without rows where there is none."""
+    return json.loads(path.read_text()) if path.is_file() else {"rows": []}
+
+
+def merged(rows: list, preset: str, old: dict) -> list:
+    """`rows` with `old`'s rows of `preset` whose questions are not among them, in cluster
+    order."""
     mine = {_key(r) for r in rows}
-    old = json.loads(OUTPUTS[0].read_text()) if OUTPUTS[0].is_file() else {"rows": []}
     # Rows recorded before rows carried their own date keep the date of their file.
-    dated = [{"date": old["hardware"]["date"], **r} for r in old["rows"]]
+    dated = [{"date": old["hardware"]["date"], **r} for r in old["rows"]
+             if r["preset"] == preset]
     rows = rows + [r for r in dated if _key(r) not in mine]
     order = list(CLUSTERS)
     return sorted(rows, key=lambda r: (order.index(r["cluster"]), r["precision"] != "f32",
                                        r["batch"]))
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--clusters", default=",".join(CLUSTERS),
                         help=f"comma-separated, of {', '.join(CLUSTERS)}")
@@ -99,14 +110,25 @@ def main() -> None:
     parser.add_argument("--recipes", default="none,per-step,deepmind,lean")
     parser.add_argument("--batches", default="1,devices",
                         help="global batches: numbers, or 'devices' (one sample each)")
-    parser.add_argument("--append", action="store_true",
-                        help="keep the recorded rows of other questions (cluster, batch, "
-                             "precision) and replace those asked again")
-    args = parser.parse_args()
+    parser.add_argument("--out", type=Path, default=OUTPUTS[0],
+                        help="the record to write (default benchmarks/results/"
+                             f"{NAME}.json, copied into gclab/recordings)")
+    # Merging is what every run does; the option stays for the command lines that name it.
+    parser.add_argument("--append", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
     clusters = [c.strip() for c in args.clusters.split(",")]
     for c in clusters:
         if c not in CLUSTERS:
             parser.error(f"--clusters: {c!r} is not one of {', '.join(CLUSTERS)}")
+    old = recorded(args.out)
+    others = sorted({r["preset"] for r in old["rows"]} - {args.preset})
+    if others:
+        parser.exit(2, f"{parser.prog}: error: --preset {args.preset}: {args.out} records "
+                       f"{', '.join(others)}; write another preset's plans elsewhere with "
+                       "--out FILE.json\n")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    # The shipped copy is the results folder's record, written only with it.
+    outputs = OUTPUTS if args.out.resolve() == OUTPUTS[0].resolve() else (args.out,)
     record = {"hardware": machine(simulated_devices=jax.device_count()),
               "what": "gclab plan --devices: per-device compiled total on XLA:CPU; "
                       "predicted seconds rank candidates with the card's published "
@@ -121,17 +143,18 @@ def main() -> None:
                 row = plan_row(cluster, args.preset, batch, precision,
                                args.recipes.split(","))
                 fresh.append(row)
-                record["rows"] = merged(fresh, args.preset) if args.append else fresh
+                record["rows"] = merged(fresh, args.preset, old)
                 said = row["explanation"].splitlines()[1 if row["fits"] else 0]
                 print(f"{cluster} batch {batch} {precision}: {said} ({row['seconds']} s)",
                       flush=True)
                 text = json.dumps(record, indent=1, default=str)
-                for out in OUTPUTS:
-                    out.write_text(text)
+                for out in outputs:
+                    write_text_atomic(out, text)
     best = [r for r in record["rows"] if r["fits"]]
     print(f"{len(best)} of {len(record['rows'])} plans fit; largest per device "
           f"{format_bytes(max((r['per_device_bytes'] for r in best), default=0))}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

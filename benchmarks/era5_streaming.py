@@ -26,6 +26,8 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from official_side_by_side import provenance  # noqa: E402
 
+from gclab.files import write_text_atomic  # noqa: E402
+
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -72,7 +74,7 @@ def main() -> None:
               "time_step_bytes": step_bytes, "examples": rows}
     result.pop("official", None)
     out = ROOT / "benchmarks" / "results" / "era5-streaming-cpu.json"
-    out.write_text(json.dumps(result, indent=1) + "\n")
+    write_text_atomic(out, json.dumps(result, indent=1) + "\n")  # whole, or the old one
     for r in rows:
         print(f"rollout {r['rollout']}: peak {r['peak_heap_bytes'] / 2**20:.1f} MiB, "
               f"example {r['example_bytes'] / 2**20:.1f} MiB, "

@@ -98,14 +98,25 @@ def hardware() -> dict:
     return dict(hardware_report())
 
 
-def write_record(name: str, record: dict) -> Path:
-    """Writes `record` to ``benchmarks/results/<name>-<backend>.json`` whole, then renamed."""
+def write_record(name: str, record: dict, suffix: str = "") -> Path:
+    """Writes `record` to ``benchmarks/results/<name>-<backend><suffix>.json`` whole, then
+    renamed (`gclab.files.write_text_atomic`): a run stopped halfway leaves the earlier
+    record as it was.
+
+    Args:
+      name: the benchmark's name, e.g. ``ci-run``.
+      record: the record; its ``hardware`` names the backend.
+      suffix: appended to the file's name, e.g. ``-failed`` or ``-test-flags``.
+
+    Returns:
+      The path written.
+    """
+    from gclab.files import write_text_atomic
+
     backend = record["hardware"].get("backend", "cpu")
     RESULTS.mkdir(parents=True, exist_ok=True)
-    out = RESULTS / f"{name}-{backend}.json"
-    tmp = out.with_name(f".{out.name}.tmp")
-    tmp.write_text(json.dumps(record, indent=2) + "\n")
-    os.replace(tmp, out)
+    out = write_text_atomic(RESULTS / f"{name}-{backend}{suffix}.json",
+                            json.dumps(record, indent=2) + "\n")
     print(json.dumps(record, indent=2))
-    print(f"wrote {out.relative_to(ROOT)}")
+    print(f"wrote {out.relative_to(ROOT) if out.is_relative_to(ROOT) else out}")
     return out

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.metadata
 import json
 import os
 import platform
@@ -19,8 +20,26 @@ import sys
 import tempfile
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from fresh_clone import commit  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "graph_build.json"
+# The libraries a graph build runs on (scipy's KD-tree finds the edges, trimesh the face
+# each grid point falls in).
+LIBRARIES = ("gclab", "jax", "numpy", "scipy", "trimesh")
+
+
+def versions() -> dict:
+    """The installed versions of `LIBRARIES` (None where one is not installed), read from
+    their metadata, so the builds' timing is not changed by importing them here."""
+    found = {}
+    for name in LIBRARIES:
+        try:
+            found[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            found[name] = None
+    return found
 
 # Runs in the child process: one build_graphs call, timed, with peak RSS.
 _CHILD = r"""
@@ -50,12 +69,12 @@ def _run_child(resolution: float, splits: int, cache_dir: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--resolution", type=float, default=0.25)
     parser.add_argument("--splits", type=int, default=6)
     parser.add_argument("--output", type=Path, default=RESULTS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="gclab-graph-bench-") as cache_dir:
@@ -71,12 +90,14 @@ def main() -> None:
         "resolution": args.resolution,
         "mesh_splits": args.splits,
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "commit": commit(),
         "hardware": {
             "platform": platform.platform(),
             "machine": platform.machine(),
             "processor": platform.processor(),
             "cpu_count": os.cpu_count(),
             "python": platform.python_version(),
+            "versions": versions(),
             "load_average_1min": round(load_before, 2),
             "note": "other processes share these cores; a load average above the core "
                     "count slows the builds down",

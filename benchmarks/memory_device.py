@@ -130,7 +130,12 @@ def report_lines(record: dict) -> list:
 
 
 def claim_live(repeats: int = 3, timeout: float = 400.0) -> dict:
-    """`deepmind` in bfloat16 at 0.25 deg, run: measured device peak against the plan."""
+    """`deepmind` in bfloat16 at 0.25 deg, run: measured device peak against the plan.
+
+    Raises:
+      RuntimeError: the measurement did not finish (`measure_peak`'s status ``oom`` or
+        ``error``): the stage fails, and a measurement merged from an earlier run stays.
+    """
     from gclab.config import get_preset
     from gclab.measure import measure_peak
     from gclab.memory import get_recipe
@@ -141,6 +146,10 @@ def claim_live(repeats: int = 3, timeout: float = 400.0) -> dict:
     plan = train_step_memory(spec)
     r = measure_peak("gclab.sizing.sweep:timed_steps",
                      {"spec_json": spec.to_json(), "steps": repeats}, timeout=timeout)
+    if r.status != "ok":
+        why = (r.message or "").strip().splitlines()
+        raise RuntimeError(f"claim-live: the measured step ended with status {r.status!r}"
+                           + (f": {why[0][:500]}" if why else ""))
     return {"preset": preset.name, "recipe": "deepmind", "precision": "bf16",
             "plan_total_bytes": plan.total_bytes, "plan_temp_bytes": plan.temp_bytes,
             "measure_status": r.status, "measure_message": r.message[:2000],

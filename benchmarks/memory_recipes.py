@@ -4,10 +4,11 @@ Compiles one full training step (loss + gradients + AdamW update, batch 1, one t
 step) from shapes alone and records XLA's compiled memory analysis; then the rollout and
 step-time targets. Writes `benchmarks/results/memory-<backend>.json` and
 `benchmarks/results/memory-<backend>.md` (the table the README shows), each naming the
-hardware and date.
+hardware and date. `--quick` writes `memory-<backend>-quick.json` and `.md` instead: the
+recording the chapters read keeps every preset.
 
     python benchmarks/memory_recipes.py            # everything (about 10 minutes on 2 cores)
-    python benchmarks/memory_recipes.py --quick    # 4 deg presets only
+    python benchmarks/memory_recipes.py --quick    # 4 deg presets only, its own file
     python benchmarks/memory_recipes.py --only bf16  # re-measure the bf16 rows only
 
 Targets (GRAPHCAST.md figures are the official code's, XLA:CPU, compiled temp):
@@ -361,9 +362,10 @@ def markdown(hw, rows, rollouts, timing, checks, norms=(), claim=None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="4 deg presets only")
+    parser.add_argument("--quick", action="store_true",
+                        help="4 deg presets only, written to memory-<backend>-quick.json")
     parser.add_argument("--only", choices=["f32", "bf16", "claim"],
                         help="re-measure this precision's rows (and, for bf16, the LayerNorm "
                              "errors), or only the authors' claim; keep everything else of "
@@ -371,10 +373,12 @@ def main() -> int:
     parser.add_argument("--report-only", action="store_true",
                         help="check the targets and write the .md again from the recorded "
                              ".json, measuring nothing")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     hw = hardware()
     presets = ["cpu-16x512"] if args.quick else ["cpu-16x512", "graphcast-small", "graphcast"]
-    path = RESULTS / f"memory-{hw['backend']}.json"
+    # A quick run lacks the 1 deg and 0.25 deg rows the chapters and README read: it has a
+    # file of its own (with --only and --report-only too, which then read that file).
+    path = RESULTS / f"memory-{hw['backend']}{'-quick' if args.quick else ''}.json"
     if args.report_only or args.only == "claim":
         record = json.loads(path.read_text())
         rows, rollouts, timing = record["recipes"], record["rollout"], record["step_time"]

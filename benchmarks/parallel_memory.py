@@ -4,9 +4,12 @@ Compiles one full training step (loss + gradients + AdamW update, one target ste
 shapes alone on simulated CPU devices (`jax_num_cpu_devices`, set before JAX starts), for
 each layout: `spatial:D` (grid and edges split D ways, batch 1) and `data:D` (batch D, one
 sample per device). XLA's memory figures of a partitioned program are per device; the
-collective bytes come from its optimised HLO. Writes
-`benchmarks/results/parallel-memory-<backend>.json` (rows as they are compiled) and a
-Markdown table beside it, with the hardware and date. Each row also carries the step time
+collective bytes come from its optimised HLO. Writes, per preset, once its rows are all
+compiled, `benchmarks/results/parallel-memory-<backend>-<name>.json` (`1deg` for
+graphcast-small, `025deg` for graphcast, the preset's name for others: `FILE_NAMES`) and a
+Markdown table beside it, with the hardware and date, each whole or not at all (a run cut
+short leaves the earlier record); the README and chapter 8 read these files, and the copy
+in `gclab/recordings` of a file shipped there is refreshed. Each row also carries the step time
 `gclab plan --devices` predicts for it with an H100's published speeds
 (`gclab.sizing.layout_plan.predicted_seconds`: analytical FLOPs and bytes over the card's
 peak FLOP/s and memory bandwidth, split over the devices, plus the compiled collective bytes
@@ -27,6 +30,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import sys
 import time
 from pathlib import Path
 
@@ -36,6 +40,7 @@ MAX_DEVICES = 8
 jax.config.update("jax_num_cpu_devices", MAX_DEVICES)
 
 from gclab.config import get_preset  # noqa: E402
+from gclab.files import write_text_atomic  # noqa: E402
 from gclab.measure import format_bytes, machine  # noqa: E402
 from gclab.memory import get_recipe  # noqa: E402
 from gclab.parallel import ParallelConfig, parse_parallel_spec  # noqa: E402
@@ -49,6 +54,25 @@ from gclab.sizing.layout_plan import (  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
 SHIPPED = Path(__file__).resolve().parents[1] / "gclab" / "recordings"
+# A preset's file is named by its grid, as update_readme.py and chapter 8 read them.
+FILE_NAMES = {"graphcast-small": "1deg", "graphcast": "025deg"}
+
+
+def record_path(folder: Path, backend: str, preset: str) -> Path:
+    """``<folder>/parallel-memory-<backend>-<name>.json`` of a preset (`FILE_NAMES`)."""
+    return Path(folder) / f"parallel-memory-{backend}-{FILE_NAMES.get(preset, preset)}.json"
+
+
+def write(path: Path, record: dict) -> None:
+    """The record and its .md, each replaced in one rename; the shipped copy too where the
+    package ships a file of that name and `path` is in the results folder."""
+    text = json.dumps(record, indent=2) + "\n"
+    write_text_atomic(path, text)
+    write_text_atomic(path.with_suffix(".md"), markdown(record["rows"], record["hardware"]))
+    # Chapter 8 reads the recordings that ship with the package (`gclab.recordings`).
+    shipped = SHIPPED / path.name
+    if path.parent.resolve() == RESULTS.resolve() and shipped.is_file():
+        write_text_atomic(shipped, text)
 
 
 def hardware() -> dict:
@@ -111,14 +135,12 @@ def annotate(path: Path) -> None:
     for row in record["rows"]:
         row["predicted_seconds"] = predicted(row)
     record["predicted_with"] = REFERENCE_CARD
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(record, indent=2) + "\n")
-    tmp.replace(path)
-    path.with_suffix(".md").write_text(markdown(record["rows"], record["hardware"]))
+    write_text_atomic(path, json.dumps(record, indent=2) + "\n")
+    write_text_atomic(path.with_suffix(".md"), markdown(record["rows"], record["hardware"]))
     print(f"annotated {path} and {path.with_suffix('.md')}")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--presets", default="graphcast-small,graphcast")
     ap.add_argument("--recipes", default="lean")
@@ -127,20 +149,20 @@ def main() -> None:
                     help="comma-separated, each one of " + ", ".join(LAYOUTS))
     ap.add_argument("--annotate", metavar="FILE.json",
                     help="add predicted step times to a recorded file, compile nothing")
-    ap.add_argument("--out", default=None, help="JSON path (default results/parallel-memory-"
-                    "<backend>.json)")
-    args = ap.parse_args()
+    ap.add_argument("--out", type=Path, default=RESULTS,
+                    help="folder of the results (default benchmarks/results)")
+    args = ap.parse_args(argv)
     for kind in args.layouts.split(","):
         if kind not in LAYOUTS:
             ap.error(f"--layouts {args.layouts}: each one of {', '.join(LAYOUTS)}")
     if args.annotate:
         annotate(Path(args.annotate))
-        return
+        return 0
     hw = hardware()
-    out = Path(args.out or RESULTS / f"parallel-memory-{hw['backend']}.json")
-    rows: list = []
+    args.out.mkdir(parents=True, exist_ok=True)
     for preset_name in args.presets.split(","):
         preset = get_preset(preset_name)
+        rows: list = []
         for recipe in args.recipes.split(","):
             done = set()
             for devices in (int(d) for d in args.devices.split(",")):
@@ -164,17 +186,11 @@ def main() -> None:
                     print(f"{preset_name:<16} {recipe:<6} {layout.spec:<18} batch {batch} "
                           f"temp {format_bytes(row['temp_bytes'])} "
                           f"collectives {format_bytes(row['collective_bytes'])}", flush=True)
-                    out.write_text(json.dumps({"hardware": hw, "rows": rows,
-                                               "predicted_with": REFERENCE_CARD}, indent=2)
-                                   + "\n")
-                    out.with_suffix(".md").write_text(markdown(rows, hw))
-    # Chapter 8 reads the recordings that ship with the package (`gclab.recordings`): a
-    # recording shipped there is refreshed with the new one.
-    shipped = SHIPPED / out.name
-    if shipped.is_file():
-        shipped.write_text(out.read_text())
-    print(f"wrote {out} and {out.with_suffix('.md')}")
+        out = record_path(args.out, hw["backend"], preset_name)
+        write(out, {"hardware": hw, "rows": rows, "predicted_with": REFERENCE_CARD})
+        print(f"wrote {out} and {out.with_suffix('.md')}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -28,6 +28,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fresh_clone import ROOT, commit  # noqa: E402
 
+from gclab.files import write_text_atomic  # noqa: E402
+
 RESULTS = ROOT / "benchmarks" / "results"
 SHIPPED = ROOT / "gclab" / "recordings"  # read by chapters from the installed package
 
@@ -120,7 +122,7 @@ def main() -> None:
               "rows": keep + rows}
     text = json.dumps(record, indent=1) + "\n"
     for out in (path, SHIPPED / path.name):  # chapter 8 reads the shipped copy
-        out.write_text(text)
+        write_text_atomic(out, text)  # whole: a run stopped here leaves the old record
         print(f"wrote {out}")
 
 

@@ -256,7 +256,7 @@ def cluster_block() -> str:
              "| recorded |",
              "|---|---:|---|---|---|---:|---:|---|"]
     for r in record["rows"]:
-        when = r.get("date", hw["date"])[:10]  # rows re-planned with --append carry their own
+        when = r.get("date", hw["date"])[:10]  # rows re-planned later (merged) carry their own
         if r["fits"]:
             lines.append(f"| {r['cluster']} | {r['batch']} | {r['precision']} | "
                          f"`{r['parallel']}` | `{r['recipe']}` | {_gib(r['per_device_bytes'])} | "

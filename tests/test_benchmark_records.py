@@ -1,0 +1,362 @@
+"""The benchmark scripts' records: what a run writes, where, and what it leaves as it was.
+
+The slow work (compiles, kernels, fresh clones, the official model) is replaced by stubs;
+every file is written under `tmp_path`. Scripts that set JAX's simulated device count when
+imported (`cluster_plans.py`, `parallel_memory.py`) run in a fresh process.
+"""
+
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCHMARKS = ROOT / "benchmarks"
+RESULTS = BENCHMARKS / "results"
+RECORDINGS = ROOT / "gclab" / "recordings"
+
+
+@pytest.fixture
+def benchmarks(monkeypatch):
+    """The benchmarks folder on `sys.path`, as the scripts put it there themselves."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+
+
+def _stub(tmp_path: Path, code: str, *args: str, **env: str) -> subprocess.CompletedProcess:
+    """Runs `code` (a script importing a benchmark and stubbing its slow parts) in a fresh
+    process in `tmp_path`; its arguments are `args`, `env` added to its environment."""
+    path = tmp_path / "stub.py"
+    path.write_text(textwrap.dedent(code))
+    env = {**os.environ, **env,
+           "PYTHONPATH": os.pathsep.join([str(BENCHMARKS), str(ROOT)])}
+    return subprocess.run([sys.executable, str(path), *args], capture_output=True, text=True,
+                          env=env, cwd=tmp_path, timeout=300)
+
+
+def _stamps(folder: Path) -> dict:
+    return {p.name: p.stat().st_mtime_ns for p in folder.iterdir()}
+
+
+# cluster_plans.py: one planner run replaced by a row that names the run.
+CLUSTER_STUB = """
+import sys
+import cluster_plans as cp
+
+def plan_row(cluster, preset, batch, precision, recipes):
+    devices, card = cp.CLUSTERS[cluster]
+    return {"cluster": cluster, "devices": devices, "card": card, "preset": preset,
+            "batch": batch, "precision": precision, "recipes": recipes, "fits": False,
+            "explanation": "stub: nothing fits", "candidates": [], "seconds": 0.0,
+            "date": "2030-01-01T00:00:00+00:00", "commit": "stub"}
+
+cp.plan_row = plan_row
+sys.exit(cp.main(sys.argv[1:]))
+"""
+
+
+def test_cluster_plans_of_one_cluster_keep_the_other_clusters_rows(tmp_path):
+    out = tmp_path / "plans.json"
+    shutil.copy(RESULTS / "cluster-plans-cpu.json", out)
+    before = json.loads(out.read_text())["rows"]
+    shipped = _stamps(RECORDINGS)
+    r = _stub(tmp_path, CLUSTER_STUB, "--clusters", "8xA100-40GB", "--precisions", "f32",
+              "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(out.read_text())["rows"]
+    asked = [r for r in rows if r["cluster"] == "8xA100-40GB" and r["precision"] == "f32"]
+    assert asked and all(r["commit"] == "stub" for r in asked)
+    kept = [r for r in rows if r not in asked]
+    assert kept == [{"date": r.get("date"), **r} for r in before
+                    if not (r["cluster"] == "8xA100-40GB" and r["precision"] == "f32")]
+    assert {r["cluster"] for r in rows} == {"8xV100-16GB", "8xA100-40GB", "32xTPU-v4"}
+    assert _stamps(RECORDINGS) == shipped  # --out elsewhere: the shipped copy is left alone
+
+
+def test_cluster_plans_of_another_preset_are_refused_in_one_line(tmp_path):
+    out = tmp_path / "plans.json"
+    shutil.copy(RESULTS / "cluster-plans-cpu.json", out)
+    before = out.read_bytes()
+    r = _stub(tmp_path, CLUSTER_STUB, "--preset", "graphcast-small", "--clusters",
+              "8xA100-40GB", "--out", str(out))
+    assert r.returncode == 2 and r.stdout == ""
+    assert r.stderr.strip() == (
+        f"stub.py: error: --preset graphcast-small: {out} records graphcast; write another "
+        "preset's plans elsewhere with --out FILE.json")
+    assert out.read_bytes() == before
+    # A file of its own takes that preset's rows only.
+    other = tmp_path / "small.json"
+    r = _stub(tmp_path, CLUSTER_STUB, "--preset", "graphcast-small", "--clusters",
+              "8xA100-40GB", "--out", str(other))
+    assert r.returncode == 0, r.stderr
+    assert {r["preset"] for r in json.loads(other.read_text())["rows"]} == {"graphcast-small"}
+
+
+def test_memory_recipes_quick_run_writes_its_own_file(benchmarks, monkeypatch, tmp_path):
+    import memory_recipes as mr
+
+    rec = json.loads((RESULTS / "memory-cpu.json").read_text())
+    monkeypatch.setattr(mr, "recipe_table", lambda presets, precisions: [
+        r for r in rec["recipes"] if r["preset"] in presets and r["precision"] in precisions])
+    monkeypatch.setattr(mr, "rollout_rows", lambda preset: rec["rollout"])
+    monkeypatch.setattr(mr, "step_times", lambda preset: rec["step_time"])
+    monkeypatch.setattr(mr, "layer_norm_errors", lambda: rec["layer_norm_bf16_error"])
+    monkeypatch.setattr(mr, "RESULTS", tmp_path / "results")
+    (tmp_path / "shipped").mkdir()
+    monkeypatch.setattr(mr, "SHIPPED", tmp_path / "shipped" / "memory-cpu.json")
+    assert mr.main(["--quick"]) == 0
+    backend = mr.hardware()["backend"]
+    assert sorted(p.name for p in (tmp_path / "results").iterdir()) == [
+        f"memory-{backend}-quick.json", f"memory-{backend}-quick.md"]
+    assert list((tmp_path / "shipped").iterdir()) == []
+    written = json.loads((tmp_path / "results" / f"memory-{backend}-quick.json").read_text())
+    assert {r["preset"] for r in written["recipes"]} == {"cpu-16x512"}
+
+
+@pytest.fixture
+def chapter_profile(benchmarks, monkeypatch, tmp_path):
+    """`chapter_profile.py` with its kernel run stubbed, writing under tmp_path/results."""
+    import chapter_profile as cp
+    import fresh_clone
+
+    monkeypatch.setattr(cp, "profile", lambda path, timeout, slowest: {
+        "chapter": path.stem, "seconds": 14.0, "compile_seconds": 5.0,
+        "trace_and_lower_seconds": 1.0, "cache_saved_seconds": 0.0, "slowest_cells": []})
+    monkeypatch.setattr(fresh_clone, "RESULTS", tmp_path / "results")
+    monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path / "jax"))
+    monkeypatch.setattr(cp.tempfile, "mkdtemp", lambda prefix: str(tmp_path / "jax"))
+    monkeypatch.delenv("XLA_FLAGS", raising=False)
+    return cp
+
+
+@pytest.mark.parametrize("args, flags, message", [
+    (["--chapters", "01"], "", "--chapters 01: some chapters only; name the record with "
+     "--name NAME (writes chapter-profile-<backend>-NAME.json)"),
+    ([], "--xla_cpu_use_fusion_emitters=false", "XLA_FLAGS=--xla_cpu_use_fusion_emitters="
+     "false: not the book's settings; name the record with --name NAME (writes "
+     "chapter-profile-<backend>-NAME.json)"),
+    (["--name", "Test flags"], "", "--name Test flags: lower-case letters and digits joined "
+     "by '-', e.g. elemental-emitter"),
+])
+def test_chapter_profile_other_runs_need_a_name(chapter_profile, monkeypatch, tmp_path,
+                                                capsys, args, flags, message):
+    if flags:
+        monkeypatch.setenv("XLA_FLAGS", flags)
+    with pytest.raises(SystemExit) as e:
+        chapter_profile.main(args)
+    assert e.value.code == 2
+    assert capsys.readouterr().err.strip() == f"chapter_profile.py: error: {message}"
+    assert not (tmp_path / "results").exists()
+
+
+def test_chapter_profile_named_run_writes_beside_the_books(chapter_profile, monkeypatch,
+                                                           tmp_path):
+    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_use_fusion_emitters=false")
+    assert chapter_profile.main(["--chapters", "01", "--name", "elemental-emitter"]) == 0
+    backend = json.loads(next((tmp_path / "results").iterdir()).read_text())["hardware"][
+        "backend"]
+    out = tmp_path / "results" / f"chapter-profile-{backend}-elemental-emitter.json"
+    assert [p.name for p in (tmp_path / "results").iterdir()] == [out.name]
+    record = json.loads(out.read_text())
+    assert [c["chapter"][:2] for c in record["chapters"]] == ["01"]
+    assert record["xla_flags"] == "--xla_cpu_use_fusion_emitters=false"
+
+
+# parallel_memory.py: each compile replaced by fixed figures; FAIL_AT makes one raise.
+PARALLEL_STUB = """
+import os, sys, types
+from pathlib import Path
+import parallel_memory as pm
+
+calls = []
+
+def compile_train_step(spec):
+    calls.append(spec)
+    if len(calls) == int(os.environ.get("FAIL_AT", "0")):
+        raise RuntimeError("stub: compile failed")
+    n = spec.parallel.devices
+    memory = {"temp_bytes": 2**30 // n, "argument_bytes": 2**20, "output_bytes": 2**20,
+              "collective_bytes": 2**10 * (n - 1)}
+    return types.SimpleNamespace(memory=types.SimpleNamespace(to_dict=lambda: memory),
+                                 collectives={})
+
+pm.compile_train_step = compile_train_step
+pm.predicted = lambda row: 0.5
+pm.RESULTS = Path("results")
+pm.SHIPPED = Path("shipped")
+sys.exit(pm.main(sys.argv[1:]))
+"""
+
+
+def test_parallel_memory_writes_the_files_the_readme_reads(tmp_path):
+    (tmp_path / "results").mkdir()
+    (tmp_path / "shipped").mkdir()
+    shipped = tmp_path / "shipped" / "parallel-memory-cpu-1deg.json"
+    shipped.write_text("{}")
+    r = _stub(tmp_path, PARALLEL_STUB, "--presets", "graphcast-small", "--devices", "1,2")
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in (tmp_path / "results").iterdir()) == [
+        "parallel-memory-cpu-1deg.json", "parallel-memory-cpu-1deg.md"]
+    record = json.loads((tmp_path / "results" / "parallel-memory-cpu-1deg.json").read_text())
+    assert [row["devices"] for row in record["rows"]] == [1, 2, 2, 2]
+    assert json.loads(shipped.read_text()) == record
+
+
+def test_parallel_memory_run_cut_short_leaves_the_old_record(tmp_path):
+    (tmp_path / "results").mkdir()
+    (tmp_path / "shipped").mkdir()
+    old = tmp_path / "results" / "parallel-memory-cpu-1deg.json"
+    old.write_text('{"rows": "old"}')
+    r = _stub(tmp_path, PARALLEL_STUB, "--presets", "graphcast-small", "--devices", "1,2",
+              FAIL_AT="3")
+    assert r.returncode == 1 and "stub: compile failed" in r.stderr
+    assert old.read_text() == '{"rows": "old"}'
+    assert sorted(p.name for p in (tmp_path / "results").iterdir()) == [old.name]
+
+
+@pytest.fixture
+def gpu_stand_in(benchmarks, monkeypatch):
+    """An H200 stand-in whose fresh-process measurement runs out of memory."""
+    import jax
+    import memory_recipes as mr
+
+    import gclab.measure
+    import gclab.sizing
+
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    monkeypatch.setattr(jax, "devices", lambda *a: [types.SimpleNamespace(
+        device_kind="NVIDIA H200")])
+    monkeypatch.setattr(gclab.measure, "measure_peak", lambda *a, **k: types.SimpleNamespace(
+        status="oom", message="RESOURCE_EXHAUSTED: out of memory", peak_bytes=None,
+        result=None))
+    monkeypatch.setattr(gclab.sizing, "train_step_memory", lambda spec: types.SimpleNamespace(
+        total_bytes=25199706448, temp_bytes=21306622888))
+    hw = {**mr.hardware(), "backend": "gpu"}
+    monkeypatch.setattr(mr, "hardware", lambda: dict(hw))
+
+
+def test_memory_device_claim_live_that_runs_out_of_memory_raises(gpu_stand_in):
+    import memory_device as md
+
+    with pytest.raises(RuntimeError, match="status 'oom': RESOURCE_EXHAUSTED: out of memory"):
+        md.claim_live()
+
+
+def test_memory_device_failed_claim_live_keeps_the_merged_measurement(gpu_stand_in,
+                                                                      tmp_path):
+    import memory_device as md
+
+    earlier = json.loads((RESULTS / "memory-gpu.json").read_text())
+    earlier["claim_live"] = {**earlier["claim_live"], "measure_status": "ok",
+                             "measure_message": "", "peak_bytes": 24_000_000_000,
+                             "measured_over_plan": 0.95, "step_seconds": 1.5}
+    merge = tmp_path / "earlier.json"
+    merge.write_text(json.dumps(earlier))
+    out = tmp_path / "out"
+    assert md.main(["--stages", "claim-live", "--merge", str(merge), "--out", str(out)]) == 0
+    record = json.loads((out / "memory-gpu.json").read_text())
+    assert record["claim_live"] == earlier["claim_live"]
+    assert record["stages"]["claim-live"]["status"].startswith("failed: ")
+
+
+@pytest.fixture
+def official(benchmarks):
+    import official_forecast
+
+    return official_forecast
+
+
+def test_official_forecast_a_nan_in_any_variable_does_not_agree(official):
+    good = official.variable_row(np.array([1.0, 2.0]), np.array([1.0, 2.0]))
+    bad = official.variable_row(np.array([1.0, np.nan]), np.array([1.0, 2.0]))
+    assert math.isnan(bad["max_abs_diff_over_std"])
+    for rows in ({"a": good, "b": bad}, {"a": bad, "b": good}):
+        verdict = official.agreement(rows, True, True)
+        assert math.isnan(verdict["worst_max_abs_diff_over_std"])
+        assert verdict["agrees"] is False
+    assert official.agreement({"a": good}, True, True)["agrees"] is True
+
+
+def test_official_forecast_a_constant_field_is_compared_by_its_difference(official):
+    row = official.variable_row(np.array([3.0, 3.5]), np.array([3.0, 3.0]))
+    assert row["std"] == 0.0 and row["max_abs_diff_over_std"] == 0.5
+    verdict = official.agreement({"constant": row}, True, True)
+    assert verdict["worst_max_abs_diff_over_std"] == 0.5 and verdict["agrees"] is False
+    assert verdict["tolerance"]["max_abs_diff_over_std"] == official.TOLERANCE
+    # Within the tolerance, but another layout or checkpoint does not agree either.
+    same = official.variable_row(np.array([3.0, 3.0]), np.array([3.0, 3.0]))
+    assert official.agreement({"constant": same}, True, True)["agrees"] is True
+    assert official.agreement({"constant": same}, False, True)["agrees"] is False
+    assert official.agreement({"constant": same}, True, False)["agrees"] is False
+
+
+def test_official_forecast_that_does_not_agree_exits_1_and_keeps_the_recording(
+        official, monkeypatch, tmp_path):
+    import jax
+
+    rows = {"t": official.variable_row(np.array([1.0, np.nan]), np.array([1.0, 2.0]))}
+    monkeypatch.setattr(official, "provenance", lambda path: {"official": str(path)})
+    monkeypatch.setattr(official, "run", lambda path, steps: {
+        "variables": ["t"], "comparison": rows, **official.agreement(rows, True, True)})
+    for name in ("RESULTS", "SHIPPED"):
+        (tmp_path / name).mkdir()
+        monkeypatch.setattr(official, name, tmp_path / name)
+    assert official.main(["--official", str(tmp_path)]) == 1
+    backend = jax.default_backend()
+    assert [p.name for p in (tmp_path / "RESULTS").iterdir()] == [
+        f"official-forecast-{backend}-failed.json"]
+    assert list((tmp_path / "SHIPPED").iterdir()) == []
+
+
+class _FailingCI:
+    """A fresh clone whose `.ci/run` fails."""
+
+    def __init__(self, keep, prefix, system_packages=False):
+        self.work = Path(keep)
+        self.commit, self.environment = "abc1234", "stub environment"
+
+    def run(self, command, log=None, **env):
+        Path(log).write_text("ci: install took 3 s\n=== 1 failed, 9 passed in 2.0s ===\n")
+        return 1, 3.0
+
+    def done(self):
+        pass
+
+
+def test_ci_run_that_fails_keeps_the_last_passing_record(benchmarks, monkeypatch, tmp_path):
+    import ci_run
+    import fresh_clone
+
+    results = tmp_path / "results"
+    results.mkdir()
+    passing = results / "ci-run-cpu.json"
+    passing.write_text('{"passed": true}')
+    monkeypatch.setattr(fresh_clone, "RESULTS", results)
+    monkeypatch.setattr(ci_run, "FreshClone", _FailingCI)
+    monkeypatch.setattr(ci_run, "hardware", lambda: {"backend": "cpu"})
+    assert ci_run.main(["--keep", str(tmp_path)]) == 1
+    assert passing.read_text() == '{"passed": true}'
+    failed = json.loads((results / "ci-run-cpu-failed.json").read_text())
+    assert failed["passed"] is False and failed["phase_seconds"] == {"install": 3}
+
+
+def test_graph_build_records_library_versions_and_commit(benchmarks, monkeypatch, tmp_path):
+    import graph_build
+
+    child = {"seconds": 1.0, "import_seconds": 0.1, "peak_rss_bytes": 2**20,
+             "counts": {"grid": 1}, "query_radius": 0.1, "normalization": {}}
+    monkeypatch.setattr(graph_build, "_run_child", lambda *a: dict(child))
+    out = tmp_path / "graph.json"
+    graph_build.main(["--output", str(out)])
+    record = json.loads(out.read_text())
+    versions = record["hardware"]["versions"]
+    assert set(versions) >= {"jax", "numpy", "scipy", "trimesh", "gclab"}
+    assert versions["numpy"] == np.__version__
+    assert record["commit"] and record["commit"] == graph_build.commit()
