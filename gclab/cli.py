@@ -76,6 +76,7 @@ from gclab.parallel.processes import (
     MAX_CPU_DEVICES,
     NUM_PROCESSES_ENV,
     PROCESS_ID_ENV,
+    env_count,
 )
 from gclab.plots import plot_sweep, plot_timeline
 from gclab.sizing.layout_plan import plan_layout
@@ -820,12 +821,12 @@ def _resolve_parallel(args) -> ParallelConfig:
 
 
 def _env_int(name: str, minimum: int = 0) -> Optional[int]:
-    text = os.environ.get(name, "").strip()
-    if not text:
-        return None
-    if not (text.isascii() and text.isdecimal()) or int(text) < minimum:
-        raise UsageError(f"{name}={_shown(text)}: an integer >= {minimum}")
-    return int(text)
+    """`gclab.parallel.processes.env_count`, its refusal worded as the CLI's are."""
+    try:
+        return env_count(name, minimum)
+    except ValueError:
+        text = os.environ.get(name, "").strip()
+        raise UsageError(f"{name}={_shown(text)}: an integer >= {minimum}") from None
 
 
 def _env_host_port(name: str) -> Optional[str]:

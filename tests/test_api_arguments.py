@@ -63,14 +63,21 @@ def test_initialize_processes_timeout_is_an_integer_of_seconds(timeout, monkeypa
     assert str(e.value) == f"timeout={timeout!r} is invalid: an integer >= 1 (seconds)"
 
 
-def test_initialize_processes_takes_a_numpy_timeout_as_an_int(monkeypatch):
+def _recorded_initialize(monkeypatch) -> list:
+    """Stands in for `jax` in `gclab.parallel.processes`: each call of
+    `jax.distributed.initialize` is recorded (its keyword arguments) instead of joining a run."""
     calls = []
 
-    class _Jax:  # records the call instead of joining a run
+    class _Jax:
         class distributed:
             initialize = staticmethod(lambda **kwargs: calls.append(kwargs))
 
     monkeypatch.setattr(processes, "jax", _Jax)
+    return calls
+
+
+def test_initialize_processes_takes_a_numpy_timeout_as_an_int(monkeypatch):
+    calls = _recorded_initialize(monkeypatch)
     assert processes.initialize_processes("127.0.0.1:1", 2, 0, timeout=np.int64(30))
     assert calls[0]["initialization_timeout"] == 30
     assert type(calls[0]["initialization_timeout"]) is int
@@ -241,13 +248,7 @@ def test_initialize_processes_names_the_variable_an_id_out_of_range_came_from(_n
 
 
 def test_initialize_processes_passes_numpy_counts_and_variables_as_ints(monkeypatch):
-    calls = []
-
-    class _Jax:  # records the call instead of joining a run
-        class distributed:
-            initialize = staticmethod(lambda **kwargs: calls.append(kwargs))
-
-    monkeypatch.setattr(processes, "jax", _Jax)
+    calls = _recorded_initialize(monkeypatch)
     monkeypatch.delenv(processes.COORDINATOR_ENV, raising=False)
     monkeypatch.delenv(processes.NUM_PROCESSES_ENV, raising=False)
     monkeypatch.delenv(processes.PROCESS_ID_ENV, raising=False)

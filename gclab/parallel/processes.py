@@ -101,9 +101,9 @@ def initialize_processes(coordinator: Optional[str] = None,
         process_id = require_count(id_name, process_id, 0, caller)
     coordinator = coordinator or os.environ.get(COORDINATOR_ENV)
     if num_processes is None:
-        num_processes, count_name = _env_count(NUM_PROCESSES_ENV, 1), NUM_PROCESSES_ENV
+        num_processes, count_name = env_count(NUM_PROCESSES_ENV, 1), NUM_PROCESSES_ENV
     if process_id is None:
-        process_id, id_name = _env_count(PROCESS_ID_ENV, 0), PROCESS_ID_ENV
+        process_id, id_name = env_count(PROCESS_ID_ENV, 0), PROCESS_ID_ENV
     if num_processes is not None and process_id is not None and process_id >= num_processes:
         raise ValueError(f"{id_name}={process_id} is invalid: an integer in "
                          f"0..{num_processes - 1} ({count_name}={num_processes})")
@@ -121,7 +121,7 @@ def initialize_processes(coordinator: Optional[str] = None,
     return num_processes > 1
 
 
-def _env_count(name: str, least: int) -> Optional[int]:
+def env_count(name: str, least: int) -> Optional[int]:
     """The integer >= `least` that environment variable `name` holds; None where it is unset
     or empty.
 
