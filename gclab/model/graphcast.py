@@ -721,12 +721,17 @@ def count_params(params) -> int:
 
 
 def param_shapes(model: ModelConfig, data_channels: int, output_channels: int):
-    """Parameter shapes (`jax.ShapeDtypeStruct`) without allocating anything."""
+    """Parameter shapes (`jax.ShapeDtypeStruct`) without allocating anything.
+
+    Nothing runs, not even the random key's creation (it is traced): JAX's backend does not
+    start, so a process may still choose its device count or join a multi-process run
+    afterwards (the command line checks a checkpoint before either).
+    """
     net = make_network(model, data_channels, output_channels)
     ng, nm = 2, 2  # parameter shapes do not depend on the graph
     graph = graph_input_shapes(ng, nm, 1, 1)
     inputs = jax.ShapeDtypeStruct((ng, 1, data_channels), jnp.float32)
-    return jax.eval_shape(net.init, jax.random.PRNGKey(0), graph, inputs)
+    return jax.eval_shape(lambda: net.init(jax.random.PRNGKey(0), graph, inputs))
 
 
 class ParamMismatch(NamedTuple):

@@ -1,5 +1,7 @@
 """The network: parameter counts, the official tree, jit vs no-jit, configs and errors."""
 
+import os
+
 import jax
 import jax.extend
 import jax.numpy as jnp
@@ -249,3 +251,26 @@ def test_from_official_names_an_argument_of_the_wrong_kind(official, message):
         params_lib.from_official(official)
     with pytest.raises(ValueError, match="^not an official GraphCast parameter path: 3$"):
         params_lib.from_official({3: {}})  # a key that is no path at all
+
+
+def test_param_shapes_start_no_backend():
+    # The command line checks a checkpoint's parameters before it sets the device count or
+    # joins a multi-process run, both of which must come before JAX's backend starts.
+    import subprocess
+    import sys
+    import textwrap
+
+    code = textwrap.dedent("""
+        import jax
+        from gclab.config import ModelConfig
+        from gclab.model.graphcast import param_shapes
+        shapes = param_shapes(ModelConfig(resolution=10.0, mesh_splits=1, latent_size=8,
+                                          processor_steps=1), 5, 4)
+        assert shapes, shapes
+        jax.config.update("jax_num_cpu_devices", 2)  # refused once a backend has started
+        assert len(jax.devices("cpu")) == 2, jax.devices()
+    """)
+    env = {k: v for k, v in os.environ.items() if k != "JAX_NUM_CPU_DEVICES"}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env={**env, "JAX_PLATFORMS": "cpu"}, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
