@@ -91,6 +91,7 @@ from gclab.training.loop import (
     TrainingDiverged,
     train,
 )
+from gclab.training.step import FLOAT32_MAX
 from gclab.weather import (
     STATS_FILES,
     Checkpoint,
@@ -315,9 +316,11 @@ def _host_port(text: str) -> str:
 
 
 def _learning_rate(text: str) -> float:
+    """`TrainConfig`'s rule: float32 (where the optimizer computes) makes a larger one
+    infinite, and every weight NaN in the first update."""
     value = _parse_number(text)
-    if not 0 <= value < math.inf:
-        raise _bad(text, "a finite number >= 0")
+    if not 0 <= value <= FLOAT32_MAX:
+        raise _bad(text, f"a number >= 0 and <= {FLOAT32_MAX:g} (float32's largest)")
     return value
 
 
@@ -723,6 +726,12 @@ def _sweep_cache() -> Optional[Path]:
 
 
 def cmd_sweep(args) -> int:
+    # The lists replace the model's value: one given with its list would be dropped.
+    for one, many in (("latent", "latents"), ("steps", "steps_list")):
+        if getattr(args, one) is not None and getattr(args, many) is not None:
+            raise UsageError(f"--{one} {getattr(args, one)}: leave it out with "
+                             f"--{many.replace('_', '-')} (the sweep takes its values from "
+                             "the list)")
     model, task = _resolve_model(args)
     cache = _sweep_cache()
     specs = sweep_grid(model, args.latents or [model.latent_size],
@@ -1036,13 +1045,51 @@ def _train_sources(args):
 
 
 #: The option of each `train` argument a checkpoint records (`gclab.training.loop.RUN_SETTINGS`).
-_SCHEDULE_OPTIONS = {"schedule_steps": "--schedule-steps", "learning_rate": "--learning-rate"}
+_SCHEDULE_OPTIONS = {"schedule_steps": "--schedule-steps", "learning_rate": "--learning-rate",
+                     "real_data": "--data", "seed": "--seed", "batch": "--batch",
+                     "rollout": "--rollout"}
+
+
+def _schedule_mismatch(e: ScheduleMismatch, folder: str) -> str:
+    """The one-line message of a resumed run whose settings are not its checkpoint's."""
+    option = _SCHEDULE_OPTIONS[e.name]
+    where = f"the checkpoint in --checkpoint-dir {folder} (step {e.step}) was trained"
+    if e.name == "real_data":
+        return (f"--data: {where} {'with' if e.stored else 'without'} --data (on "
+                f"{'real' if e.stored else 'synthetic'} weather); resume "
+                f"{'with' if e.stored else 'without'} it, or start another --checkpoint-dir")
+    shown = (lambda v: f"{v:g}") if e.name == "learning_rate" else str
+    return (f"{option} {shown(e.given)}: {where} with {option} {shown(e.stored)}; resume "
+            f"with that, or start another --checkpoint-dir")
+
+
+def _check_train_options(args) -> None:
+    """Refuses, before any work, what `gclab train` would ignore or fail on at its end."""
+    if args.train_steps > args.schedule_steps:  # the rate and decay are 0 past it
+        raise UsageError(f"--train-steps {args.train_steps}: at most --schedule-steps "
+                         f"{args.schedule_steps} (the learning rate is 0 past the schedule's "
+                         "end; set --schedule-steps to the steps the whole run takes)")
+    if args.seed is not None and args.init_checkpoint is not None and args.data is not None:
+        raise UsageError(f"--seed {args.seed}: leave it out with --init-checkpoint and --data "
+                         "(the checkpoint sets the parameters and the data the examples: "
+                         "nothing is seeded)")
+    if args.save_checkpoint is not None:
+        _check_inputs_kept(args, "--save-checkpoint", args.save_checkpoint)
+        folder = args.checkpoint_dir
+        if folder is not None:  # orbax owns that folder, and refuses files it did not write
+            save = Path(os.path.realpath(args.save_checkpoint))
+            owned = Path(os.path.realpath(folder))
+            if save == owned or owned in save.parents:
+                where = "the same path as" if save == owned else "inside"
+                raise UsageError(f"--save-checkpoint {_shown(str(args.save_checkpoint))}: "
+                                 f"{where} --checkpoint-dir {_shown(str(folder))} (orbax's "
+                                 "folder); write the weights elsewhere")
 
 
 def cmd_train(args) -> int:
     layout = args.layout
-    if args.save_checkpoint is not None:
-        _check_inputs_kept(args, "--save-checkpoint", args.save_checkpoint)
+    _check_train_options(args)
+    seed = 0 if args.seed is None else args.seed
     model, task, weather, init_params = _train_sources(args)
     _check_remat(args, model, ", from --init-checkpoint" if args.init_checkpoint else "")
     memory = _resolve_memory(args, args.recipe)
@@ -1051,25 +1098,23 @@ def cmd_train(args) -> int:
                                  disable=not lead or None)
     try:
         result = train(model, task, args.train_steps, batch=args.batch, rollout=args.rollout,
-                       memory=memory, parallel=layout, seed=args.seed,
+                       memory=memory, parallel=layout, seed=seed,
                        learning_rate=args.learning_rate, schedule_steps=args.schedule_steps,
                        checkpoint_dir=None if args.checkpoint_dir is None
                        else str(args.checkpoint_dir.resolve()),
                        progress=progress, weather=weather, init_params=init_params)
     except ScheduleMismatch as e:  # resuming would change the run: the option, not the folder
-        option = _SCHEDULE_OPTIONS[e.name]
-        raise UsageError(f"{option} {e.given:g}: the checkpoint in --checkpoint-dir "
-                         f"{_shown(str(args.checkpoint_dir))} (step {e.step}) was trained with "
-                         f"{option} {e.stored:g}; resume with that, or start another "
-                         f"--checkpoint-dir") from None
+        raise UsageError(_schedule_mismatch(e, _shown(str(args.checkpoint_dir)))) from None
     except RestoreError as e:  # the checkpoint to resume from
         raise UsageError(f"--checkpoint-dir {_shown(str(args.checkpoint_dir))}: {e}") from None
     except TrainingDiverged as e:  # not the input's fault as such: exit status 1
         kept = (f"; earlier checkpoints in --checkpoint-dir {_shown(str(args.checkpoint_dir))}"
                 " are kept" if args.checkpoint_dir is not None else "")
-        print(f"gclab train: error: the loss is {e.loss:g} at step {e.step} (gradient norm "
-              f"{e.grad_norm:g}): training diverged and nothing was saved{kept}; try a lower "
-              f"--learning-rate (now {args.learning_rate:g})"
+        what = (f"the weights are not finite after step {e.step} (loss {e.loss:g}, gradient "
+                f"norm {e.grad_norm:g})" if e.weights else
+                f"the loss is {e.loss:g} at step {e.step} (gradient norm {e.grad_norm:g})")
+        print(f"gclab train: error: {what}: training diverged and nothing was saved{kept}; "
+              f"try a lower --learning-rate (now {args.learning_rate:g})"
               + (", or check --data for missing values" if args.data is not None else ""),
               file=sys.stderr)
         return 1
@@ -1090,7 +1135,7 @@ def cmd_train(args) -> int:
               "parallel": layout.spec, "processes": jax.process_count(),
               "backend": jax.default_backend(), "model": dataclasses.asdict(model),
               "levels": task.num_levels, "memory": dataclasses.asdict(memory),
-              "batch": args.batch, "rollout": args.rollout, "seed": args.seed}
+              "batch": args.batch, "rollout": args.rollout, "seed": seed}
     if args.json:
         _print_json(record)
         return 0
@@ -1184,9 +1229,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model_args(p)
     g = p.add_argument_group("sweep")
     g.add_argument("--latents", type=_model_list("latent_size"), metavar="L[,L...]",
-                   help="comma-separated latent widths (default: the model's)")
+                   help="comma-separated latent widths (default: the model's; not with "
+                   "--latent)")
     g.add_argument("--steps-list", type=_model_list("processor_steps"), metavar="S[,S...]",
-                   help="comma-separated processor steps (default: the model's)")
+                   help="comma-separated processor steps (default: the model's; not with "
+                   "--steps)")
     g.add_argument("--recipes", type=_recipes, default=_recipes("none,per-step,deepmind,lean"),
                    metavar="NAME[,NAME...]",
                    help="comma-separated recipes: " + ", ".join(RECIPES) + " (default all)")
@@ -1226,17 +1273,21 @@ def build_parser() -> argparse.ArgumentParser:
     _add_memory_args(p)
     g = p.add_argument_group("training")
     g.add_argument("--train-steps", type=_count(1), required=True, metavar="K",
-                   help="the step count to reach (a resumed run continues up to it)")
-    g.add_argument("--seed", type=_count(0), default=0, metavar="S",
-                   help="seeds the weather and parameters (0)")
+                   help="the step count to reach (a resumed run continues up to it); at most "
+                   "--schedule-steps")
+    g.add_argument("--seed", type=_count(0), metavar="S",
+                   help="seeds the synthetic weather (without --data) and the starting "
+                   "parameters (without --init-checkpoint); refused with both (0)")
     g.add_argument("--learning-rate", type=_learning_rate, default=1e-3, metavar="LR",
-                   help="peak learning rate (1e-3)")
+                   help=f"peak learning rate, at most {FLOAT32_MAX:g} (1e-3)")
     g.add_argument("--schedule-steps", type=_count(1), default=DEFAULT_SCHEDULE_STEPS,
                    metavar="N", help="length of the learning-rate schedule: warm-up over its "
-                   f"first tenth, then cosine decay ({DEFAULT_SCHEDULE_STEPS}; a resumed run "
-                   "must keep it, and --learning-rate)")
+                   f"first tenth, then cosine decay ({DEFAULT_SCHEDULE_STEPS}); at least "
+                   "--train-steps")
     g.add_argument("--checkpoint-dir", type=_checkpoint_dir, metavar="DIR",
-                   help="resume from the latest checkpoint in DIR, and save there at the end")
+                   help="resume from the latest checkpoint in DIR, and save there at the end "
+                   "(a resumed run must keep --schedule-steps, --learning-rate, --batch, "
+                   "--rollout, --data or its absence, and --seed on synthetic weather)")
     g = p.add_argument_group("real weather and published weights")
     g.add_argument("--data", action=_Input, read=_dataset, metavar="PATH",
                    help="train on this dataset (netCDF file or zarr folder, official layout) "
@@ -1249,7 +1300,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="start from these weights (published format); the checkpoint sets "
                    "the model and task")
     g.add_argument("--save-checkpoint", type=_output_file((".npz",)), metavar="FILE.npz",
-                   help="write the trained weights in the published format")
+                   help="write the trained weights in the published format (not inside "
+                   "--checkpoint-dir)")
     _add_parallel_args(p, processes=True)
     p.add_argument("--json", action="store_true", help="print JSON ({\"losses\": [...], ...})")
     p.set_defaults(func=cmd_train)

@@ -1004,3 +1004,73 @@ def test_the_cpu_device_limit_is_jaxs():
     most, more = proc.stdout.splitlines()
     assert most == f"{float(MAX_CPU_DEVICES)}", proc.stdout + proc.stderr[-2000:]
     assert "Multiprocess computations aren't implemented on the CPU backend" in more, more
+
+
+# ------------------------------------------------------- train and sweep options that clash
+
+TRAIN_CLASHES = [
+    # (argv, words the message must hold)
+    (["train", *TINY_NET, "--train-steps", "1", "--learning-rate", "1e300"],
+     ["--learning-rate 1e300", "float32's largest"]),
+    (["train", *TINY_NET, "--train-steps", "1001"],
+     ["--train-steps 1001", "at most --schedule-steps 1000"]),
+    (["train", *TINY_NET, "--train-steps", "5", "--schedule-steps", "4"],
+     ["--train-steps 5", "at most --schedule-steps 4"]),
+    (["sweep", *TINY, "--latent", "64", "--latents", "8", "--out", "x.json"],
+     ["--latent 64", "with --latents"]),
+    (["sweep", *TINY, "--steps", "3", "--steps-list", "1,2", "--out", "x.json"],
+     ["--steps 3", "with --steps-list"]),
+]
+
+
+@pytest.mark.parametrize("argv,words", TRAIN_CLASHES, ids=lambda a: " ".join(map(str, a))[:60])
+def test_options_a_run_would_ignore_or_overflow_are_refused(argv, words, capsys, no_work):
+    assert cli.main(argv) == 2
+    err = one_line_error(capsys, argv[0])
+    for word in words:
+        assert word in err, err
+
+
+@pytest.mark.parametrize("inside", [False, True])
+def test_save_checkpoint_in_the_checkpoint_dir_is_refused(inside, tmp_path, capsys, no_work):
+    """Orbax owns --checkpoint-dir: a weights file there, or the folder itself (not yet made),
+    would fail only after training."""
+    folder = tmp_path / "ckpt.npz"
+    save = folder / "w.npz" if inside else folder
+    if inside:
+        folder.mkdir()
+    assert cli.main(["train", *TINY_NET, "--train-steps", "1", "--checkpoint-dir", str(folder),
+                     "--save-checkpoint", str(save)]) == 2
+    err = one_line_error(capsys, "train")
+    where = "inside" if inside else "the same path as"
+    assert f"--save-checkpoint {save}: {where} --checkpoint-dir {folder}" in err, err
+
+
+def test_a_seed_with_nothing_to_seed_is_refused(tmp_path, capsys, no_work):
+    """With --init-checkpoint and --data the weights and the examples are given: --seed
+    would be ignored."""
+    from gclab.model import param_shapes
+    from gclab.training.data import SyntheticWeather
+    from gclab.weather import (
+        Checkpoint,
+        compute_stats,
+        synthetic_dataset,
+        write_checkpoint,
+        write_dataset,
+        write_stats,
+    )
+
+    model = ModelConfig(resolution=30.0, mesh_splits=1, latent_size=8, processor_steps=1)
+    params = {m: {n: np.zeros(s.shape, np.float32) for n, s in leaves.items()}
+              for m, leaves in param_shapes(model, TASK.data_channels,
+                                            TASK.output_channels).items()}
+    write_checkpoint(tmp_path / "init.npz", Checkpoint.from_gclab(params, model, TASK, "", ""))
+    weather = SyntheticWeather(TASK, model.resolution, seed=0)
+    write_dataset(synthetic_dataset(weather, frames=4), tmp_path / "data.nc")
+    (tmp_path / "stats").mkdir()
+    write_stats(compute_stats(synthetic_dataset(weather, frames=4)), tmp_path / "stats")
+    argv = ["train", "--init-checkpoint", str(tmp_path / "init.npz"), "--data",
+            str(tmp_path / "data.nc"), "--stats", str(tmp_path / "stats"), "--train-steps", "1"]
+    assert cli.main([*argv, "--seed", "3"]) == 2
+    assert "--seed 3: leave it out with --init-checkpoint and --data" in one_line_error(
+        capsys, "train")

@@ -1,11 +1,12 @@
 """A training run on synthetic weather: one device or a mesh, with checkpoints to resume.
 
 `train` runs K steps of `make_train_step` (or `make_sharded_train_step` over a layout)
-on `SyntheticWeather`. Step k's batch depends on the seed and on k only, the parameters
-on the seed only, and the learning-rate schedule on its own length (`schedule_steps`, not
-the step count a run stops at), so a run that is stopped, saved and resumed
-(`checkpoint_dir`, orbax-checkpoint) continues with exactly the losses an uninterrupted
-run has. In a multi-process run every process calls `train` with the same arguments:
+on `SyntheticWeather`. Step k's batch depends on the seed, the batch size, the rollout
+and k only, the parameters on the seed only, and the learning-rate schedule on its own
+length (`schedule_steps`, not the step count a run stops at), so a run that is stopped,
+saved and resumed (`checkpoint_dir`, orbax-checkpoint) with the same settings
+(`RUN_SETTINGS`, recorded with each checkpoint) continues with exactly the losses an
+uninterrupted run has. In a multi-process run every process calls `train` with the same arguments:
 each builds the same host batch and places its own devices' shards.
 
 Shapes: Ng grid nodes, B batch, C data channels, O outputs, T rollout steps.
@@ -80,8 +81,8 @@ def batch_start(step: int, batch: int) -> int:
     return 1 + step * batch * SAMPLE_SPACING
 
 
-def _check_train_arguments(model, task, steps, memory, parallel, weather,
-                           schedule_steps) -> None:
+def _check_train_arguments(model, task, steps, memory, parallel, weather, schedule_steps,
+                           batch, rollout, seed) -> None:
     """`train`'s arguments of the wrong kind, each named before any work (inside, each
     would fail as an attribute error of some later line)."""
     for name, value, kind, optional in (("model", model, ModelConfig, False),
@@ -95,6 +96,9 @@ def _check_train_arguments(model, task, steps, memory, parallel, weather,
                         "normalization() and make_batch(batch, rollout, start)")
     require_count("steps", steps, 1)
     require_count("schedule_steps", schedule_steps, 1)
+    require_count("batch", batch, 1)
+    require_count("rollout", rollout, 1)
+    require_count("seed", seed, 0)
 
 
 def check_init_params(params, model: ModelConfig, task: TaskConfig) -> None:
@@ -140,8 +144,9 @@ class RestoreError(ValueError):
 
 
 class ScheduleMismatch(RestoreError):
-    """The latest checkpoint was saved by a run of another schedule: resuming it with this
-    one would change the run (the learning rate of every later step).
+    """The latest checkpoint was saved by a run of another schedule or other examples:
+    resuming it with this one would change the run (the learning rate of every later step,
+    or what it trains on).
 
     Attributes:
       step: the checkpoint's step.
@@ -157,7 +162,8 @@ class ScheduleMismatch(RestoreError):
 
 
 class TrainingDiverged(ValueError):
-    """A step's loss or gradient norm is not finite: the weights it made are NaN or infinite.
+    """A step's loss or gradient norm is not finite, or the weights of the last step are not:
+    the weights it made are NaN or infinite.
 
     Nothing of the run is saved (a checkpoint saved before stays as it was).
 
@@ -165,18 +171,26 @@ class TrainingDiverged(ValueError):
       step: the step, counted from 1 (the first step a run takes is step 1).
       loss: its loss.
       grad_norm: its global gradient norm.
+      weights: True where the loss and gradient norm are finite and the weights the step's
+        update made are not (an update too large for float32).
     """
 
-    def __init__(self, step: int, loss: float, grad_norm: float) -> None:
-        super().__init__(f"the loss is {loss:g} at step {step} (gradient norm {grad_norm:g}): "
-                         f"training diverged, and nothing was saved")
-        self.step, self.loss, self.grad_norm = step, loss, grad_norm
+    def __init__(self, step: int, loss: float, grad_norm: float,
+                 weights: bool = False) -> None:
+        what = (f"the weights are not finite after step {step} (loss {loss:g}, gradient norm "
+                f"{grad_norm:g})" if weights
+                else f"the loss is {loss:g} at step {step} (gradient norm {grad_norm:g})")
+        super().__init__(f"{what}: training diverged, and nothing was saved")
+        self.step, self.loss, self.grad_norm, self.weights = step, loss, grad_norm, weights
 
 
 #: The `train` arguments a checkpoint records (orbax's custom metadata of its step), which
-#: a resumed run must repeat: they set the learning rate of every step. Checkpoints saved
-#: before they were recorded resume unchecked.
-RUN_SETTINGS = ("schedule_steps", "learning_rate")
+#: a resumed run must repeat: they set the learning rate of every step and the examples it
+#: trains on. `real_data`: whether `weather` was given (True) or synthetic (False); `seed`
+#: is recorded for synthetic weather only (it seeds the examples there; a resumed run's
+#: parameters are the checkpoint's). Checkpoints saved before a setting was recorded resume
+#: unchecked in it.
+RUN_SETTINGS = ("schedule_steps", "learning_rate", "real_data", "seed", "batch", "rollout")
 
 
 def _checkpoint_manager(directory: str) -> ocp.CheckpointManager:
@@ -337,6 +351,13 @@ def save_state(directory: str, state: TrainState, settings: Optional[dict] = Non
     return step
 
 
+@jax.jit
+def _all_finite(tree) -> jax.Array:
+    """Whether every number of `tree` is finite (one replicated scalar, however the arrays
+    are laid out)."""
+    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(a)) for a in jax.tree_util.tree_leaves(tree)]))
+
+
 def train(model: ModelConfig, task: TaskConfig, steps: int, *, batch: int = 1,
           rollout: int = 1, memory: Optional[MemoryConfig] = None,
           parallel: Optional[ParallelConfig] = None, seed: int = 0,
@@ -349,12 +370,14 @@ def train(model: ModelConfig, task: TaskConfig, steps: int, *, batch: int = 1,
     Args:
       model, task: the network and its channels.
       steps: K, the step count to reach.
-      batch: B, the global batch (a multiple of `parallel.data` x microbatches).
-      rollout: T, autoregressive steps per example.
+      batch: B, the global batch (a multiple of `parallel.data` x microbatches); a resumed
+        run must keep it.
+      rollout: T, autoregressive steps per example; a resumed run must keep it.
       memory: memory techniques (default none).
       parallel: the layout (default: one device). Its devices are the first of
         `jax.devices()` (every process's, in a multi-process run).
-      seed: seeds the synthetic weather and the parameters.
+      seed: seeds the synthetic weather (without `weather`) and the parameters (without
+        `init_params`); a resumed run on synthetic weather must keep it.
       learning_rate: the peak of the schedule (`schedule`).
       schedule_steps: the schedule's length (warm-up over its first tenth, then cosine
         decay); a resumed run must keep it.
@@ -373,19 +396,26 @@ def train(model: ModelConfig, task: TaskConfig, steps: int, *, batch: int = 1,
 
     Raises:
       ValueError: a batch that does not fit the layout, a layout with more devices than
-        JAX has, `steps` or `schedule_steps` < 1, or `init_params` not the model's (each
-        named before any work).
+        JAX has, `steps`, `schedule_steps`, `batch` or `rollout` < 1, `seed` < 0, or
+        `init_params` not the model's (each named before any work).
       TypeError: `model`, `task`, `memory`, `parallel` or `weather` of the wrong kind.
       RestoreError: the latest checkpoint in `checkpoint_dir` is damaged or another
         model's; `ScheduleMismatch` (checked before any work) when it was saved by a run
-        with another `schedule_steps` or `learning_rate`.
-      TrainingDiverged: a step's loss or gradient norm is not finite (nothing is saved).
+        with another of `RUN_SETTINGS` (`schedule_steps`, `learning_rate`, `batch`,
+        `rollout`, synthetic or given `weather`, and `seed` on synthetic weather).
+      TrainingDiverged: a step's loss or gradient norm is not finite, or the final weights
+        are not (nothing is saved).
     """
-    _check_train_arguments(model, task, steps, memory, parallel, weather, schedule_steps)
+    _check_train_arguments(model, task, steps, memory, parallel, weather, schedule_steps,
+                           batch, rollout, seed)
     if init_params is not None:
         check_init_params(init_params, model, task)
     steps = int(steps)
-    settings = {"schedule_steps": schedule_steps, "learning_rate": learning_rate}
+    # Python numbers: the checkpoint's metadata is JSON.
+    settings = {"schedule_steps": int(schedule_steps), "learning_rate": float(learning_rate),
+                "real_data": weather is not None, "batch": int(batch), "rollout": int(rollout)}
+    if weather is None:
+        settings["seed"] = int(seed)
     if checkpoint_dir is not None:
         check_run_settings(checkpoint_dir, settings)
     memory = memory or MemoryConfig()
@@ -435,6 +465,10 @@ def train(model: ModelConfig, task: TaskConfig, steps: int, *, batch: int = 1,
         # later step or the save below spends time on them or keeps them.
         if not (math.isfinite(losses[-1]) and math.isfinite(grad_norms[-1])):
             raise TrainingDiverged(k + 1, losses[-1], grad_norms[-1])
+    # The last step's update comes after its loss: a finite loss and gradient with an update
+    # too large for float32 leave NaN or infinite weights, which are not saved either.
+    if losses and not _all_finite(state.params):
+        raise TrainingDiverged(steps, losses[-1], grad_norms[-1], weights=True)
     saved = (save_state(checkpoint_dir, state, settings) if checkpoint_dir is not None
              else None)
     return TrainResult(losses, start, max(start, steps), grad_norms, saved, state)

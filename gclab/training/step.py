@@ -49,6 +49,10 @@ from gclab.memory.config import MemoryConfig
 from gclab.training.examples import Example, input_variable_channels, residual_channels
 from gclab.training.losses import weighted_mse
 
+#: The largest learning rate or weight decay `TrainConfig` takes: float32's largest number
+#: (the optimizer computes in float32, where a larger one is infinite).
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
@@ -62,6 +66,8 @@ class TrainConfig:
       weight_decay: AdamW's decoupled weight decay (0.1 as published).
       b1, b2: Adam's moment decays (0.9, 0.95 as published).
       grad_clip: global-norm gradient clipping (None: off).
+
+    The learning rates and the weight decay are numbers from 0 to `FLOAT32_MAX`.
     """
 
     peak_learning_rate: float = 1e-3
@@ -74,12 +80,14 @@ class TrainConfig:
     grad_clip: float | None = 32.0
 
     def __post_init__(self) -> None:
-        # Finite: a NaN or infinite rate or decay turns every weight NaN in the first update
-        # (the step's loss and gradients, computed before it, are still finite).
+        # At most float32's largest: a NaN or infinite rate or decay (float32 overflows past
+        # it) turns every weight NaN in the first update (the step's loss and gradients,
+        # computed before it, are still finite).
         for f in ("peak_learning_rate", "end_learning_rate", "weight_decay"):
             v = getattr(self, f)
-            if not is_number(v) or not 0 <= v < math.inf:
-                invalid(self, f, "a finite number >= 0", wrong_kind=not is_number(v))
+            if not is_number(v) or not 0 <= v <= FLOAT32_MAX:
+                invalid(self, f, f"a number >= 0 and <= {FLOAT32_MAX:g} (float32's largest)",
+                        wrong_kind=not is_number(v))
         for f in ("warmup_steps", "total_steps"):
             v = getattr(self, f)
             if not is_int(v) or v < 0:

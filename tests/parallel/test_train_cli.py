@@ -115,7 +115,9 @@ def test_resuming_with_another_schedule_is_refused(tmp_path, capsys):
     # A checkpoint of an earlier gclab, which recorded no schedule, resumes with any.
     metadata = ckpt / "1" / "_CHECKPOINT_METADATA"
     record = json.loads(metadata.read_text())
-    assert record.pop("custom_metadata") == {"schedule_steps": 1000, "learning_rate": 0.001}
+    assert record.pop("custom_metadata") == {"schedule_steps": 1000, "learning_rate": 0.001,
+                                             "real_data": False, "seed": 0, "batch": 1,
+                                             "rollout": 1}
     metadata.write_text(json.dumps(record))
     resumed = here(capsys, "train", *TINY, "--train-steps", "2", "--checkpoint-dir", str(ckpt),
                    "--schedule-steps", "500", "--json")
@@ -127,7 +129,7 @@ def test_a_run_that_diverges_stops_and_saves_nothing(tmp_path, capsys):
     loss is NaN. The run stops there with one line and exit status 1; the checkpoint of
     step 1 stays as it was, and neither a checkpoint nor --save-checkpoint gets NaN weights."""
     ckpt, weights = tmp_path / "ckpt", tmp_path / "weights.npz"
-    lr = ["--learning-rate", "1e30", "--schedule-steps", "1"]
+    lr = ["--learning-rate", "1e30", "--schedule-steps", "4"]
     here(capsys, "train", *TINY, "--train-steps", "1", *lr, "--checkpoint-dir", str(ckpt),
          "--json")
     step1 = {f.relative_to(ckpt): f.read_bytes() for f in ckpt.rglob("*") if f.is_file()}

@@ -2,6 +2,8 @@
 in one error before any work (inside, each failed as an attribute error of a later line,
 or as Haiku's shape error deep in the first step)."""
 
+import os
+
 import numpy as np
 import optax
 import pytest
@@ -38,6 +40,9 @@ def _params(model, task):
     ({"steps": 0}, ValueError, "steps=0 is invalid: an integer >= 1"),
     ({"schedule_steps": -5}, ValueError, "schedule_steps=-5 is invalid: an integer >= 1"),
     ({"schedule_steps": 2.5}, ValueError, "schedule_steps=2.5 is invalid"),
+    ({"batch": 0}, ValueError, "batch=0 is invalid: an integer >= 1"),
+    ({"rollout": 0}, ValueError, "rollout=0 is invalid: an integer >= 1"),
+    ({"seed": -1}, ValueError, "seed=-1 is invalid: an integer >= 0"),
 ])
 def test_an_argument_of_the_wrong_kind_is_named(kwargs, error, words, no_work):
     args = {"model": CFG, "task": TASK, "steps": 1, **kwargs}
@@ -121,3 +126,31 @@ def test_a_parameter_the_model_lacks_is_named_as_such_whatever_it_holds():
             check_init_params(params, CFG, TASK)
         assert str(e.value).endswith(f"{module}{words} of this model"), str(e.value)
         assert "missing" not in str(e.value)
+
+
+TINY = ModelConfig(resolution=6.0, mesh_splits=2, latent_size=16, processor_steps=2)
+
+
+@pytest.mark.parametrize("changed", [{"seed": 1}, {"batch": 2}, {"rollout": 2}])
+def test_resuming_with_other_examples_is_refused(tmp_path, changed):
+    """The seed, batch and rollout set every later step's examples: a run resumed with
+    another continues like no uninterrupted run, and is refused before any work."""
+    settings = {"seed": 0, "batch": 1, "rollout": 1}
+    train(TINY, TASK, 1, schedule_steps=4, checkpoint_dir=str(tmp_path), **settings)
+    ((name, given),) = changed.items()
+    with pytest.raises(loop.ScheduleMismatch) as e:
+        train(TINY, TASK, 2, schedule_steps=4, checkpoint_dir=str(tmp_path),
+              **{**settings, **changed})
+    assert (e.value.name, e.value.stored, e.value.given) == (name, settings[name], given)
+    assert os.listdir(tmp_path) == ["1"]
+
+
+def test_weights_made_non_finite_by_the_last_update_are_not_saved(tmp_path):
+    """The largest learning rate float32 holds: step 1's loss and gradient are finite, its
+    update is not. The run stops as a diverged one does, saving nothing."""
+    with pytest.raises(loop.TrainingDiverged) as e:
+        train(TINY, TASK, 1, learning_rate=3.4e38, schedule_steps=1,
+              checkpoint_dir=str(tmp_path))
+    assert e.value.weights and e.value.step == 1 and np.isfinite(e.value.loss)
+    assert str(e.value).startswith("the weights are not finite after step 1 (loss ")
+    assert os.listdir(tmp_path) == []

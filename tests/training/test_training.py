@@ -268,6 +268,8 @@ def test_optimizer_schedule_warms_up_then_decays():
     # Not finite: the first update would turn every weight NaN.
     ("peak_learning_rate", float("nan")), ("peak_learning_rate", float("inf")),
     ("weight_decay", float("inf")), ("grad_clip", float("inf")),
+    # Beyond float32's largest: infinite where the optimizer computes.
+    ("peak_learning_rate", 1e300), ("end_learning_rate", 1e39), ("weight_decay", 1e300),
 ])
 def test_bad_train_config_names_the_field(field, value):
     kw = {"warmup_steps": 10, "total_steps": 100, field: value}
