@@ -86,25 +86,6 @@ def test_module_entry_point_runs():
     assert "grid2mesh" in proc.stdout
 
 
-@pytest.mark.parametrize("option, value, stored", [("--seed", "3", "0"), ("--batch", "2", "1"),
-                                                   ("--rollout", "2", "1")])
-def test_resuming_with_other_examples_is_refused(option, value, stored, tmp_path, capsys):
-    """The seed, batch and rollout set the examples of every later step: a resumed run must
-    keep them, as it keeps the schedule."""
-    ckpt = tmp_path / "ckpt"
-    assert cli.main(["train", *TINY_NET, "--train-steps", "1", "--checkpoint-dir", str(ckpt),
-                     "--json"]) == 0
-    capsys.readouterr()
-    assert cli.main(["train", *TINY_NET, "--train-steps", "2", "--checkpoint-dir", str(ckpt),
-                     option, value]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1, err
-    assert err.startswith(f"gclab train: error: {option} {value}: the checkpoint in "
-                          f"--checkpoint-dir {ckpt} (step 1) was trained with {option} "
-                          f"{stored}; resume with that"), err
-    assert [p.name for p in ckpt.iterdir()] == ["1"]
-
-
 def test_weights_an_update_makes_infinite_are_not_saved(tmp_path, capsys):
     """The largest learning rate float32 holds, with no warm-up: step 1's loss is finite and
     its update overflows. The run stops with one line and exit status 1, saving nothing."""

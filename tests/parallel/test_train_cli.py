@@ -96,14 +96,15 @@ def test_resumed_run_has_the_losses_of_an_uninterrupted_one(tmp_path, capsys):
     assert first["losses"] + second["losses"] == straight["losses"]
 
 
-def test_resuming_with_another_schedule_is_refused(tmp_path, capsys):
-    """The schedule sets every later step's learning rate: a resumed run must keep it. The
-    checkpoint records it (orbax's custom metadata of its step); one saved before it did
-    resumes unchecked."""
+def test_resuming_with_another_schedule_or_other_examples_is_refused(tmp_path, capsys):
+    """The schedule sets every later step's learning rate, and the seed, batch and rollout
+    the examples of every later step: a resumed run must keep them. The checkpoint records
+    them (orbax's custom metadata of its step); one saved before it did resumes unchecked."""
     ckpt = tmp_path / "ckpt"
     here(capsys, "train", *TINY, "--train-steps", "1", "--checkpoint-dir", str(ckpt), "--json")
     for option, value, stored in (("--schedule-steps", "500", "1000"),
-                                  ("--learning-rate", "0.01", "0.001")):
+                                  ("--learning-rate", "0.01", "0.001"), ("--seed", "3", "0"),
+                                  ("--batch", "2", "1"), ("--rollout", "2", "1")):
         assert main(["train", *TINY, "--train-steps", "2", "--checkpoint-dir", str(ckpt),
                      option, value]) == 2
         err = capsys.readouterr().err
