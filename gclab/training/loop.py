@@ -96,6 +96,9 @@ def _check_train_arguments(model, task, steps, memory, parallel, weather, schedu
                         "normalization() and make_batch(batch, rollout, start)")
     require_count("steps", steps, 1)
     require_count("schedule_steps", schedule_steps, 1)
+    if steps > schedule_steps:  # the schedule's rate, and so every update, is 0 after it
+        raise ValueError(f"steps={steps} is invalid: at most schedule_steps={schedule_steps} "
+                         "(after the schedule the learning rate is 0: the steps change nothing)")
     require_count("batch", batch, 1)
     require_count("rollout", rollout, 1)
     require_count("seed", seed, 0)
@@ -396,7 +399,8 @@ def train(model: ModelConfig, task: TaskConfig, steps: int, *, batch: int = 1,
 
     Raises:
       ValueError: a batch that does not fit the layout, a layout with more devices than
-        JAX has, `steps`, `schedule_steps`, `batch` or `rollout` < 1, `seed` < 0, or
+        JAX has, `steps`, `schedule_steps`, `batch` or `rollout` < 1, `steps` beyond
+        `schedule_steps`, `seed` < 0, or
         `init_params` not the model's (each named before any work).
       TypeError: `model`, `task`, `memory`, `parallel` or `weather` of the wrong kind.
       RestoreError: the latest checkpoint in `checkpoint_dir` is damaged or another

@@ -40,6 +40,8 @@ def _params(model, task):
     ({"steps": 0}, ValueError, "steps=0 is invalid: an integer >= 1"),
     ({"schedule_steps": -5}, ValueError, "schedule_steps=-5 is invalid: an integer >= 1"),
     ({"schedule_steps": 2.5}, ValueError, "schedule_steps=2.5 is invalid"),
+    ({"steps": 5, "schedule_steps": 4}, ValueError, "steps=5 is invalid: at most "
+                                                    "schedule_steps=4 (after the schedule"),
     ({"batch": 0}, ValueError, "batch=0 is invalid: an integer >= 1"),
     ({"rollout": 0}, ValueError, "rollout=0 is invalid: an integer >= 1"),
     ({"seed": -1}, ValueError, "seed=-1 is invalid: an integer >= 0"),
