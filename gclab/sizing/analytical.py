@@ -371,9 +371,13 @@ def step_work(model: ModelConfig, task: TaskConfig, memory: MemoryConfig,
     runs = recompute_runs(memory, model.processor_steps)
     flops, moved = ((1 + BACKWARD_FORWARDS) * work["forward"][i]
                     + sum(r * work[k][i] for k, r in runs.items()) for i in (0, 1))
-    params = param_count(model, task)
-    return (rollout * flops,
-            rollout * u * moved + 4.0 * OPTIMIZER_VALUES_PER_PARAM * params)
+    return rollout * flops, rollout * u * moved + optimizer_bytes(model, task)
+
+
+def optimizer_bytes(model: ModelConfig, task: TaskConfig) -> float:
+    """Bytes AdamW moves per step: `OPTIMIZER_VALUES_PER_PARAM` float32 values per
+    parameter (`step_work` counts them in every step's bytes)."""
+    return 4.0 * OPTIMIZER_VALUES_PER_PARAM * param_count(model, task)
 
 
 # ---------------------------------------------------------------------------------------

@@ -133,11 +133,10 @@ def _pipeline_candidates(model, task, devices, batch, rollout, precision, recipe
     and the compiled step's collective bytes over the link.
     """
     seen, costs_cache = set(), {}
-    params = analytical.param_count(model, task)
     flops = speed.f32_flops if precision == "f32" else speed.bf16_flops
     # The optimizer's bytes, as `analytical.step_work` counts them for every layout.
-    optimizer_seconds = (4.0 * analytical.OPTIMIZER_VALUES_PER_PARAM * params
-                         / speed.memory_bytes_per_s / devices)
+    optimizer_seconds = (analytical.optimizer_bytes(model, task) / speed.memory_bytes_per_s
+                         / devices)
     for layout in pipeline_layouts(devices, model.processor_steps):
         for recipe in recipes or list(RECIPES):
             memory = get_recipe(recipe, precision)

@@ -390,9 +390,7 @@ def fit_stage_costs(model: ModelConfig, task: TaskConfig, memory: MemoryConfig,
         return stage_program_memory(model, task, memory, layout, stage, microbatch, graphs)
 
     counts = analytical.GraphCounts.for_model(model, graphs.grid2mesh.num_edges)
-    itemsize = 2 if memory.precision == "bf16" else 4
-    state_bytes = itemsize * microbatch * model.latent_size * (
-        counts.grid_nodes + counts.mesh_nodes + counts.mesh_edges)
+    state_bytes = _state_bytes(model, memory, microbatch, counts)
     m2, m3, m3c = compiled(1, 2, 0), compiled(1, 3, 0), compiled(1, 3, 3)
     stored = m3 - m2
     base_mid = m2 - 2 * stored
@@ -405,6 +403,15 @@ def fit_stage_costs(model: ModelConfig, task: TaskConfig, memory: MemoryConfig,
                                     link_bytes_per_s, counts, memory_bytes_per_s))
 
 
+def _state_bytes(model: ModelConfig, memory: MemoryConfig, microbatch: int,
+                 counts: analytical.GraphCounts) -> int:
+    """Bytes of the state one stage hands the next per micro-batch (grid, mesh nodes, mesh
+    edges, each of the latent width)."""
+    itemsize = 2 if memory.precision == "bf16" else 4
+    return itemsize * microbatch * model.latent_size * (
+        counts.grid_nodes + counts.mesh_nodes + counts.mesh_edges)
+
+
 def stage_times(model: ModelConfig, task: TaskConfig, memory: MemoryConfig, microbatch: int,
                 flops_per_s: float, link_bytes_per_s: float,
                 counts: Optional[analytical.GraphCounts] = None,
@@ -415,8 +422,7 @@ def stage_times(model: ModelConfig, task: TaskConfig, memory: MemoryConfig, micr
     (`analytical.recompute_runs`; its processor remat is the stages', `stage_remat`)."""
     counts = counts if counts is not None else analytical.GraphCounts.for_model(model)
     itemsize = 2 if memory.precision == "bf16" else 4
-    state_bytes = itemsize * microbatch * model.latent_size * (
-        counts.grid_nodes + counts.mesh_nodes + counts.mesh_edges)
+    state_bytes = _state_bytes(model, memory, microbatch, counts)
     work = analytical.stage_work(model, task, counts, microbatch, memory)
     seconds = {part: flops / flops_per_s + itemsize * moved / memory_bytes_per_s
                for part, (flops, moved) in work.items()}

@@ -121,7 +121,6 @@ def test_a_pipeline_is_never_predicted_faster_than_its_work_perfectly_balanced(r
     counts = analytical.GraphCounts(grid_nodes=648, mesh_nodes=162, mesh_edges=1920,
                                     grid2mesh_edges=1500, mesh2grid_edges=1944)
     flops_per_s, bytes_per_s = 1e12, 1e11
-    params = analytical.param_count(model, task)
     for stages, microbatches, microbatch in ((2, 1, 1), (2, 4, 2), (3, 8, 1), (2, 64, 1)):
         times = stage_times(model, task, memory, microbatch, flops_per_s, 1e9, counts,
                             bytes_per_s)
@@ -131,7 +130,7 @@ def test_a_pipeline_is_never_predicted_faster_than_its_work_perfectly_balanced(r
         piped = evaluate(costs, split, (0,) * stages, microbatches, 1.0).step_seconds
         batch = microbatches * microbatch
         flops, moved = analytical.step_work(model, task, memory, counts, batch)
-        moved -= 4.0 * analytical.OPTIMIZER_VALUES_PER_PARAM * params  # the optimizer's
+        moved -= analytical.optimizer_bytes(model, task)
         work = flops / flops_per_s + moved / bytes_per_s
         assert piped >= work / stages * (1 - 1e-12), (stages, microbatches, piped, work)
         # Exactly the work the other layouts count, plus one forward: the stages' own
