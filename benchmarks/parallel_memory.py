@@ -82,6 +82,22 @@ def hardware() -> dict:
 LAYOUTS = ("spatial", "spatial-replicated", "data")
 
 
+def _key(row: dict) -> tuple:
+    """What a row measures: the same key in two runs is the same compile."""
+    return row["preset"], row["recipe"], row["parallel"], row["batch"]
+
+
+def merged(rows: list, path: Path) -> list:
+    """`rows` with the rows already recorded at `path` that this run did not compile again,
+    ordered by recipe, device count and layout: a run of a few devices or layouts adds to a
+    preset's record instead of replacing it. Rows recorded before rows carried their own date
+    keep the date of their file."""
+    old = json.loads(path.read_text()) if path.is_file() else {"rows": []}
+    mine = {_key(r) for r in rows}
+    kept = [{"date": old["hardware"]["date"], **r} for r in old["rows"] if _key(r) not in mine]
+    return sorted(rows + kept, key=lambda r: (r["recipe"], r["devices"], r["parallel"]))
+
+
 def layout_of(kind: str, devices: int) -> tuple[ParallelConfig, int]:
     """(layout, global batch): spatial keeps batch 1, data gives each device one sample.
 
@@ -180,14 +196,16 @@ def main(argv: list[str] | None = None) -> int:
                     row = {"preset": preset_name, "recipe": recipe, "parallel": layout.spec,
                            "devices": layout.devices, "batch": batch,
                            **step.memory.to_dict(), "collectives": step.collectives,
-                           "seconds": round(time.perf_counter() - start, 1)}
+                           "seconds": round(time.perf_counter() - start, 1),
+                           "date": hw["date"]}
                     row["predicted_seconds"] = predicted(row)
                     rows.append(row)
                     print(f"{preset_name:<16} {recipe:<6} {layout.spec:<18} batch {batch} "
                           f"temp {format_bytes(row['temp_bytes'])} "
                           f"collectives {format_bytes(row['collective_bytes'])}", flush=True)
         out = record_path(args.out, hw["backend"], preset_name)
-        write(out, {"hardware": hw, "rows": rows, "predicted_with": REFERENCE_CARD})
+        write(out, {"hardware": hw, "rows": merged(rows, out),
+                    "predicted_with": REFERENCE_CARD})
         print(f"wrote {out} and {out.with_suffix('.md')}")
     return 0
 

@@ -221,6 +221,30 @@ def test_parallel_memory_run_cut_short_leaves_the_old_record(tmp_path):
     assert sorted(p.name for p in (tmp_path / "results").iterdir()) == [old.name]
 
 
+def test_parallel_memory_run_of_some_layouts_keeps_the_other_rows(tmp_path):
+    (tmp_path / "results").mkdir()
+    (tmp_path / "shipped").mkdir()
+    path = tmp_path / "results" / "parallel-memory-cpu-1deg.json"
+    r = _stub(tmp_path, PARALLEL_STUB, "--presets", "graphcast-small", "--devices", "1,2")
+    assert r.returncode == 0, r.stderr
+    first = json.loads(path.read_text())
+    # A row recorded before rows carried a date takes its file's.
+    del first["rows"][1]["date"]
+    first["hardware"]["date"] = "2026-01-02T03:04:05+00:00"
+    path.write_text(json.dumps(first))
+    r = _stub(tmp_path, PARALLEL_STUB, "--presets", "graphcast-small", "--devices", "2,4",
+              "--layouts", "data")
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(path.read_text())["rows"]
+    assert [(row["devices"], row["parallel"]) for row in rows] == [
+        (1, "data:1,spatial:1"), (2, "data:1,spatial:2"),
+        (2, "data:1,spatial:2,mesh-nodes:replicated"), (2, "data:2,spatial:1"),
+        (4, "data:4,spatial:1")]
+    assert rows[1]["date"] == "2026-01-02T03:04:05+00:00"
+    assert rows[3]["date"] == rows[4]["date"] != rows[1]["date"]
+    assert "| 4 |" in path.with_suffix(".md").read_text()
+
+
 @pytest.fixture
 def gpu_stand_in(benchmarks, monkeypatch):
     """An H200 stand-in whose fresh-process measurement runs out of memory."""

@@ -33,6 +33,9 @@ from gclab.config import MAX_INT32, PRESETS, invalid, is_int, is_number, normali
 REMAT_KINDS = ("none", "step", "every", "nested", "ratio")
 REMAT_POLICIES = ("nothing", "dots", "aggregated", "node-latents")
 PRECISIONS = ("f32", "bf16")
+#: Bytes of one activation element at each precision (what a step keeps between kernels:
+#: bfloat16 is kept in 2 bytes on every backend, even where XLA:CPU computes in float32).
+ACTIVATION_BYTES = {"f32": 4, "bf16": 2}
 REMAT_SPEC_HELP = (
     "none | step | every:K | nested:K | ratio:R (K an integer >= 1, R in [0, 1]), optionally "
     "followed by ',policy=NAME' with NAME one of " + ", ".join(REMAT_POLICIES))
@@ -126,6 +129,11 @@ class MemoryConfig:
 
     def replace(self, **changes) -> "MemoryConfig":
         return dataclasses.replace(self, **changes)
+
+    @property
+    def activation_bytes(self) -> int:
+        """Bytes of one activation element at this config's precision (`ACTIVATION_BYTES`)."""
+        return ACTIVATION_BYTES[self.precision]
 
     @property
     def remat_spec(self) -> str:

@@ -366,7 +366,7 @@ def step_work(model: ModelConfig, task: TaskConfig, memory: MemoryConfig,
     compiler moves: fusion may keep some intermediates in registers or caches.
     """
     c = counts or GraphCounts.for_model(model)
-    u = 2 if memory.precision == "bf16" else 4
+    u = memory.activation_bytes
     work = stage_work(model, task, c, batch, memory)
     runs = recompute_runs(memory, model.processor_steps)
     flops, moved = ((1 + BACKWARD_FORWARDS) * work["forward"][i]
@@ -467,7 +467,7 @@ def estimate(model: ModelConfig, task: TaskConfig, memory: Optional[MemoryConfig
         raise ValueError(f"estimate: activation_bytes={activation_bytes!r} is invalid: "
                          "None, 2 or 4")
     c = counts or GraphCounts.for_model(model)
-    u = activation_bytes or (2 if mem.precision == "bf16" else 4)
+    u = activation_bytes or mem.activation_bytes
     L = model.latent_size
     B = batch // mem.microbatches  # activations of one micro-batch at a time
     C, O = task.data_channels, task.output_channels

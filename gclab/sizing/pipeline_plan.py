@@ -407,8 +407,7 @@ def _state_bytes(model: ModelConfig, memory: MemoryConfig, microbatch: int,
                  counts: analytical.GraphCounts) -> int:
     """Bytes of the state one stage hands the next per micro-batch (grid, mesh nodes, mesh
     edges, each of the latent width)."""
-    itemsize = 2 if memory.precision == "bf16" else 4
-    return itemsize * microbatch * model.latent_size * (
+    return memory.activation_bytes * microbatch * model.latent_size * (
         counts.grid_nodes + counts.mesh_nodes + counts.mesh_edges)
 
 
@@ -421,7 +420,7 @@ def stage_times(model: ModelConfig, task: TaskConfig, memory: MemoryConfig, micr
     `memory_bytes_per_s`, a state's send at `link_bytes_per_s`, and what the recipe reruns
     (`analytical.recompute_runs`; its processor remat is the stages', `stage_remat`)."""
     counts = counts if counts is not None else analytical.GraphCounts.for_model(model)
-    itemsize = 2 if memory.precision == "bf16" else 4
+    itemsize = memory.activation_bytes
     state_bytes = _state_bytes(model, memory, microbatch, counts)
     work = analytical.stage_work(model, task, counts, microbatch, memory)
     seconds = {part: flops / flops_per_s + itemsize * moved / memory_bytes_per_s

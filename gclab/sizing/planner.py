@@ -36,7 +36,7 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 from gclab.config import ModelConfig, TaskConfig, a_kind, is_number
 from gclab.devices import CARDS, FIT_MARGIN, card_usable_bytes
 from gclab.measure.compiled import format_bytes
-from gclab.memory.config import PRECISIONS, RECIPES, MemoryConfig
+from gclab.memory.config import ACTIVATION_BYTES, PRECISIONS, RECIPES, MemoryConfig
 from gclab.sizing import analytical
 from gclab.sizing.speed import SpeedModel, card_name, speed_for
 from gclab.sizing.step import StepSpec, train_step_memory
@@ -338,9 +338,7 @@ def plan(budget: Union[int, float, str], model: ModelConfig, task: TaskConfig, *
     compiled = (model.num_grid_nodes <= AUTO_COMPILE_MAX_GRID_NODES
                 if use_compiled == "auto" else bool(use_compiled))
     counts = analytical.GraphCounts.for_model(model)
-    # bfloat16 activations are kept in 2 bytes on every backend (XLA:CPU computes in
-    # float32 inside its kernels, but what a step keeps between them is bfloat16).
-    u = 4 if precision == "f32" else 2
+    u = ACTIVATION_BYTES[precision]
 
     cands = ladder(model.processor_steps, precision)
     if speed is None:

@@ -18,7 +18,7 @@ import pytest
 
 from gclab.config import ModelConfig
 from gclab.memory import RECIPES, get_recipe
-from gclab.memory.precision import residuals_as_bits
+from gclab.memory.precision import DTYPES, compute_dtype, residuals_as_bits
 from gclab.model import make_network
 from gclab.model.layers import edge_messages, float32_layer_norm, layer_norm, mlp_concat
 
@@ -43,6 +43,14 @@ def test_bfloat16_temp_is_at_most_a_fraction_of_float32(recipe, grad_temp):
 
 def _bf16_rows(key, shape=(64, 3, 32)):
     return (3.0 + 2.0 * jax.random.normal(key, shape)).astype(jnp.bfloat16)
+
+
+@pytest.mark.parametrize("precision", ["f32", "bf16"])
+def test_activation_bytes_are_the_compute_dtypes(precision):
+    """The sizing code's bytes per activation element are the dtype the network computes in."""
+    assert set(DTYPES) == {"f32", "bf16"}
+    memory = get_recipe("lean", precision)
+    assert memory.activation_bytes == jnp.dtype(compute_dtype(precision)).itemsize
 
 
 def test_bfloat16_layer_norm_saves_only_its_input():

@@ -121,6 +121,24 @@ def test_resumed_fine_tuning_continues_as_an_uninterrupted_run(files, capsys, tm
             assert a[key].tobytes() == b[key].tobytes(), key
 
 
+def test_a_resume_on_other_weather_is_one_line(files, capsys, tmp_path):
+    """A checkpoint records whether its run trained on --data: resuming it on the other kind
+    of weather (real for synthetic, or synthetic for real) is refused, naming --data."""
+    init = ["train", "--init-checkpoint", str(files / "init.npz"), "--train-steps", "1"]
+    data = ["--data", str(files / "data.nc"), "--stats", str(files / "stats")]
+    for first, then, words in ((data, [], "was trained with --data (on real weather)"),
+                               ([], data, "was trained without --data (on synthetic weather)")):
+        folder = tmp_path / ("real" if first else "synthetic")
+        assert cli.main([*init, *first, "--checkpoint-dir", str(folder)]) == 0
+        capsys.readouterr()
+        assert cli.main([*init, *then, "--train-steps", "2", "--checkpoint-dir",
+                         str(folder)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"gclab train: error: --data: the checkpoint in --checkpoint-dir "
+                              f"{folder} (step 1) {words}"), err
+        assert err.count("\n") == 1, err
+
+
 @pytest.mark.parametrize("extra, text", [
     (["--preset", "cpu-4x32"], "--preset: leave it out with --init-checkpoint"),
     (["--latent", "8"], "--latent: leave it out with --init-checkpoint"),
