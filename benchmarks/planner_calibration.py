@@ -19,7 +19,9 @@ By default it times every candidate at ``cpu-8x128`` and six at ``cpu-16x512`` (
 minutes on 2 cores); ``--presets A,B`` times every candidate at A and the six at the others
 (on a GPU, presets large enough to keep it busy, e.g. ``graphcast-small``). The recording is
 named after the device (``cpu``, or the card: ``planner-calibration-h100``), the name
-`gclab.sizing.speed.speed_for` looks for.
+`gclab.sizing.speed.speed_for` looks for. A candidate whose compiled plan does not fit the
+device's usable memory (`gclab.devices.fits`; e.g. ``none`` of ``graphcast-small`` on a
+16 GB card) is not run: one line says so, and the recording lists it under ``skipped``.
 """
 
 from __future__ import annotations
@@ -30,14 +32,17 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Optional
 
+from gclab import devices
 from gclab.config import get_preset
 from gclab.files import write_text_atomic
+from gclab.limits import TooLarge, format_bytes
 from gclab.measure import machine
 from gclab.memory.config import MemoryConfig
 from gclab.sizing.planner import ladder
 from gclab.sizing.speed import calibration_name, fit_calibration, present_device
-from gclab.sizing.step import StepSpec, make_live_step
+from gclab.sizing.step import StepSpec, compile_train_step
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -51,15 +56,50 @@ def hardware() -> dict:
     return machine()
 
 
-def measure(preset_name: str, labels, repeats: int) -> list[dict]:
-    """Median step seconds of each candidate, timed in interleaved rounds."""
+def live_step(spec: StepSpec, usable: Optional[int]):
+    """A warmed runnable step of `spec` (`gclab.sizing.make_live_step`), or why it is not
+    run: its compiled plan does not fit `usable` bytes (`gclab.devices.fits`; None: no
+    allocator limit, as on a CPU), or it was refused as too large (`gclab.limits.TooLarge`).
+    """
+    planned = []
+
+    def run_if(memory) -> bool:
+        planned.append(memory.total_bytes)
+        return usable is None or devices.fits(memory.total_bytes, usable)
+
+    try:
+        step = compile_train_step(spec, live=True, run_if=run_if)
+    except TooLarge as e:
+        return None, (str(e).strip().splitlines() or [""])[0]
+    if step.run is None:
+        return None, (f"plan {format_bytes(planned[-1])} does not fit this device's "
+                      f"{format_bytes(usable)} usable (plans up to {devices.FIT_MARGIN:.0%} "
+                      "of it)")
+    step.run()  # compiled and run once, so that timed calls measure the step alone
+    return step.run, ""
+
+
+def measure(preset_name: str, labels, repeats: int) -> tuple[list[dict], list[dict]]:
+    """Median step seconds of each candidate, timed in interleaved rounds.
+
+    Returns:
+      `(rows, skipped)`: a row per timed candidate; a row (with the reason) per candidate
+      not run because its plan does not fit the device (`live_step`).
+    """
     preset = get_preset(preset_name)
+    usable = devices.usable_bytes()
     cands = [(label, mem) for label, mem in ladder(preset.model.processor_steps)
              if labels is None or label in labels]
-    steps = {}
+    steps, skipped = {}, []
     for label, mem in cands:
         t0 = time.perf_counter()
-        steps[label] = make_live_step(StepSpec(preset.model, preset.task, mem))
+        run, why = live_step(StepSpec(preset.model, preset.task, mem), usable)
+        if run is None:
+            print(f"{preset_name} {label}: skipped, {why}", flush=True)
+            skipped.append({"preset": preset_name, "label": label, "batch": 1, "rollout": 1,
+                            "memory": dataclasses.asdict(mem), "skipped": why})
+            continue
+        steps[label] = run
         print(f"{preset_name} {label}: compiled and warmed in {time.perf_counter() - t0:.1f} s",
               flush=True)
     seconds = {label: [] for label in steps}
@@ -70,12 +110,14 @@ def measure(preset_name: str, labels, repeats: int) -> list[dict]:
             seconds[label].append(time.perf_counter() - t0)
     rows = []
     for label, mem in cands:
+        if label not in steps:
+            continue
         v = sorted(seconds[label])
         rows.append({"preset": preset_name, "label": label, "batch": 1, "rollout": 1,
                      "memory": dataclasses.asdict(mem), "median_seconds": v[len(v) // 2],
                      "all_seconds": seconds[label]})
         print(f"{preset_name} {label}: {1e3 * rows[-1]['median_seconds']:.0f} ms", flush=True)
-    return rows
+    return rows, skipped
 
 
 def finish(record: dict) -> dict:
@@ -113,13 +155,21 @@ def main(argv=None) -> int:
     if args.refit:
         record = json.loads(out.read_text())
     else:
-        rows = []
+        rows, skipped = [], []
         for i, preset_name in enumerate(presets):
             labels = None if i == 0 else LARGE_LABELS
             repeats = args.repeats if i == 0 else max(2, args.repeats - 2)
-            rows += measure(preset_name, labels, repeats)
-        record = {"hardware": hardware(), "measurements": rows}
+            timed, left_out = measure(preset_name, labels, repeats)
+            rows += timed
+            skipped += left_out
+        record = {"hardware": hardware(), "measurements": rows, "skipped": skipped}
         write_text_atomic(out, json.dumps(record, indent=1))  # kept even if the fit fails
+        if len(rows) < 3:
+            print(f"planner_calibration.py: error: --presets {args.presets}: {len(rows)} "
+                  f"candidate(s) fit this device's memory and were timed; the fit needs at "
+                  f"least 3 (choose smaller presets); measurements kept in {out}",
+                  file=sys.stderr)
+            return 2
     record = finish(record)
     text = json.dumps(record, indent=1)
     write_text_atomic(out, text)

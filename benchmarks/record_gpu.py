@@ -5,8 +5,9 @@ memory (`gclab.devices`) runs in a fresh process that reads the device's peak
 (``peak_bytes_in_use``) and times real steps; one that does not fit is recorded with its
 plan and ``"fits": false``. The work is cut into parts that each finish within 10 minutes on
 an 80 GB card; each part writes one recording (hardware, date, jax version, gclab commit
-inside) into ``$GCLAB_RECORDINGS`` or ``./gclab-recordings``, which the chapters read
-(`gclab.notebook.recorded`).
+inside) into `gclab.recordings.output_dir()`: ``$GCLAB_RECORDINGS``, else the repository's
+``gclab-recordings`` (whatever the working directory), which the chapters read
+(`gclab.notebook.recorded`) from ``book/``.
 
     python benchmarks/record_gpu.py --list              # the parts at this device's scale
     python benchmarks/record_gpu.py --part 1            # one part (on a GPU)
@@ -112,10 +113,12 @@ def record_part(part: Part, scale, dry_run: bool, repeats: int = 3,
                 save: Optional[Callable[[dict], None]] = None) -> dict:
     """Runs (or, dry, lists) one part; returns the recording.
 
-    A configuration that fails is recorded as failed (its error's first line) and the next
+    A configuration that fails, here or in its measured run on the card (``measure_status``
+    ``oom`` or ``error``), is recorded as failed (its error's first line) and the next
     one still runs; `save`, if given, receives the recording so far after every
     configuration, so that a run cut short keeps the rows it measured.
     """
+    from gclab.limits import format_bytes
     from gclab.notebook import run_if_fits, usable_here
     from gclab.sizing import train_step_memory
 
@@ -134,20 +137,29 @@ def record_part(part: Part, scale, dry_run: bool, repeats: int = 3,
             run = run_if_fits(config.spec, config.label, usable=usable, measure=False)
             row.update(fits=run.fits, status=run.status())
             if run.fits:
+                import jax
+
                 from gclab.measure import measure_peak
 
+                # Not measured (one line) where this process holds too much of the card.
                 r = measure_peak("gclab.sizing.sweep:timed_steps",
-                                 {"spec_json": config.spec.to_json(), "steps": repeats})
+                                 {"spec_json": config.spec.to_json(), "steps": repeats},
+                                 device=jax.devices()[0], plan_bytes=plan.total_bytes)
                 row.update(measure_status=r.status, peak_bytes=r.peak_bytes,
                            step_seconds=(r.result or {}).get("step_seconds"),
                            measured_over_plan=(r.peak_bytes / plan.total_bytes
                                                if r.peak_bytes else None))
+                if not r.ok:  # the plan fits, yet the run on the card did not succeed
+                    first = (str(r.message).strip().splitlines() or [""])[0][:300]
+                    row["status"] = (f"failed on the card ({r.status}, plan "
+                                     f"{format_bytes(plan.total_bytes)}): {first}")
         except Exception as e:  # noqa: BLE001 - recorded; the lease goes on to the next one
             first = (str(e).strip().splitlines() or [""])[0][:300]
             row.setdefault("plan_bytes", None)  # a plan made before the failure is kept
             row.update(fits=None, status=f"failed: {type(e).__name__}: {first}")
         print(f"  {config.label}: {row['status']}"
-              + (f", measured peak {row.get('peak_bytes')}" if row.get("fits") else ""),
+              + (f", measured peak {row['peak_bytes']}" if row.get("peak_bytes") is not None
+                 else ""),
               flush=True)
         rows.append(row)
         if save is not None:
@@ -162,8 +174,8 @@ def main(argv: Optional[list] = None) -> int:
     parser.add_argument("--dry-run", action="store_true",
                         help="list what the part would run; nothing runs on the device")
     parser.add_argument("--out", type=Path, default=None,
-                        help="folder of the recordings (default: $GCLAB_RECORDINGS or "
-                             "./gclab-recordings)")
+                        help="folder of the recordings (default: $GCLAB_RECORDINGS, else "
+                             "the repository's gclab-recordings, where the chapters look)")
     args = parser.parse_args(argv)
     part = None
     if args.part is not None:

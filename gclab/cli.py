@@ -44,7 +44,7 @@ import tqdm
 from matplotlib.backend_bases import FigureCanvasBase
 
 from gclab.config import MAX_INT32, PRESETS, ConfigError, ModelConfig, get_preset, resolve_model
-from gclab.devices import CARDS, MEM_FRACTION_ENV, card, mem_fraction
+from gclab.devices import CARDS, card, mem_fraction, mem_fraction_setting
 from gclab.files import (
     OutputPathError,
     atomic_path,
@@ -269,12 +269,16 @@ _remat = _kept_as_typed(parse_remat_spec, REMAT_SPEC_HELP)
 
 
 def _mem_fraction_error() -> Optional[str]:
-    """What is wrong with `XLA_PYTHON_CLIENT_MEM_FRACTION`, in one line, or None."""
+    """What is wrong with `XLA_CLIENT_MEM_FRACTION` (or the deprecated
+    `XLA_PYTHON_CLIENT_MEM_FRACTION`, the one of them set), in one line, or None."""
     try:
         mem_fraction()
-    except ValueError:
-        text = os.environ.get(MEM_FRACTION_ENV, "").strip()
-        return (f"{MEM_FRACTION_ENV}={_shown(text)}: a number in (0, 1] (the share of a GPU's "
+    except ValueError as e:
+        try:
+            name, text = mem_fraction_setting()
+        except ValueError:  # both names set
+            return str(e)
+        return (f"{name}={_shown(text)}: a number in (0, 1] (the share of a GPU's "
                 f"memory JAX takes; a card's budget is that share of its memory)")
     return None
 
@@ -282,7 +286,7 @@ def _mem_fraction_error() -> Optional[str]:
 def _budget(text: str) -> str:
     """A budget, kept as typed: a card's name also names its speeds (`gclab plan --devices`).
 
-    A card read through a bad `XLA_PYTHON_CLIENT_MEM_FRACTION` passes here: the variable is
+    A card read through a bad `XLA_CLIENT_MEM_FRACTION` passes here: the variable is
     at fault, not the option, and `_check_plan_options` names it before any work.
     """
     try:
@@ -754,7 +758,7 @@ def cmd_sweep(args) -> int:
 def _check_plan_options(args) -> None:
     """Refuses what `gclab plan` would ignore: --recipes on one device (its planner picks
     each technique's setting, not a recipe), --compiled over devices (always compiled), and
-    a card's budget read through a bad `XLA_PYTHON_CLIENT_MEM_FRACTION` (`_budget`)."""
+    a card's budget read through a bad `XLA_CLIENT_MEM_FRACTION` (`_budget`)."""
     over_devices = args.devices is not None and args.devices > 1
     if args.recipes is not None and not over_devices:
         raise UsageError(f"--recipes {_shown(','.join(args.recipes))}: only with --devices N, "

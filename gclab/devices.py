@@ -5,7 +5,8 @@ Usable memory is what JAX's allocator lets a program use, never the card's print
 * for a device that is present, the allocator's limit, ``device.memory_stats()["bytes_limit"]``;
 * for a card that is not present (planning for a T4 on a laptop), the card's memory times
   the share of it that JAX's GPU client takes for its pool: `DEFAULT_MEM_FRACTION` (0.75),
-  or ``XLA_PYTHON_CLIENT_MEM_FRACTION`` where that is set.
+  or ``XLA_CLIENT_MEM_FRACTION`` where that is set (``XLA_PYTHON_CLIENT_MEM_FRACTION``, the
+  name it replaces, where only that is; `mem_fraction`).
   ``XLA_PYTHON_CLIENT_PREALLOCATE=false`` only delays allocation: the limit is the same.
 
 A configuration *fits* when XLA's compiled plan is at most `FIT_MARGIN` of usable memory:
@@ -32,12 +33,16 @@ GiB = 2**30
 DEFAULT_MEM_FRACTION = 0.75
 #: Share of usable memory a compiled plan may take and still count as fitting.
 FIT_MARGIN = 0.9
-MEM_FRACTION_ENV = "XLA_PYTHON_CLIENT_MEM_FRACTION"
+#: The variable that sets JAX's GPU pool as a share of the card (jaxlib >= 0.10 reads it first).
+MEM_FRACTION_ENV = "XLA_CLIENT_MEM_FRACTION"
+#: Its deprecated name, still read where `MEM_FRACTION_ENV` is not set.
+DEPRECATED_MEM_FRACTION_ENV = "XLA_PYTHON_CLIENT_MEM_FRACTION"
 
 
 @dataclasses.dataclass(frozen=True)
 class Card:
-    """One accelerator's memory as its vendor states it.
+    """One accelerator's memory as its vendor states it, or as CUDA reports it where that is
+    less (the T4's).
 
     Attributes:
       name: the name accepted wherever a budget is (``T4``, ``A100-40GB``).
@@ -63,7 +68,10 @@ def _cards(*cards: Card) -> dict[str, Card]:
 
 #: Cards by name. NVIDIA counts GB (10^9 bytes); Google counts TPU memory per chip in GiB.
 CARDS: dict[str, Card] = _cards(
-    Card("T4", 16 * GB, "GB"),
+    # Not the printed 16 GB: CUDA gives a T4 15,835,660,288 bytes in all (deviceQuery on
+    # Colab's T4: "15102 MBytes (15835660288 bytes)"; PyTorch's out-of-memory messages there:
+    # "14.75 GiB total capacity"), and JAX's pool is its share of that.
+    Card("T4", 15_835_660_288, "GB"),
     Card("V100-16GB", 16 * GB, "GB"),
     Card("L4", 24 * GB, "GB"),
     Card("A10G", 24 * GB, "GB"),
@@ -103,21 +111,46 @@ class DeviceClass:
 CPU_USABLE_BYTES = 6 * GiB
 
 
-def mem_fraction() -> float:
-    """JAX's GPU pool as a share of the card: ``XLA_PYTHON_CLIENT_MEM_FRACTION`` or 0.75.
+def mem_fraction_setting() -> Optional[tuple[str, str]]:
+    """The variable that sets JAX's GPU pool, and its text, as jaxlib reads them; None if unset.
+
+    jaxlib (``generate_pjrt_gpu_plugin_options`` in ``xla_client.py``) reads
+    ``XLA_CLIENT_MEM_FRACTION``, else its deprecated name ``XLA_PYTHON_CLIENT_MEM_FRACTION``,
+    and refuses both at once; so does this.
 
     Raises:
-      ValueError: the variable is set to anything but a number in (0, 1].
+      ValueError: both variables are set.
     """
-    text = os.environ.get(MEM_FRACTION_ENV, "").strip()
-    if not text:
+    new = os.environ.get(MEM_FRACTION_ENV, "").strip()
+    old = os.environ.get(DEPRECATED_MEM_FRACTION_ENV, "").strip()
+    if new and old:
+        raise ValueError(f"{MEM_FRACTION_ENV}={new!r} and {DEPRECATED_MEM_FRACTION_ENV}={old!r} "
+                         f"are both set: JAX refuses both; unset {DEPRECATED_MEM_FRACTION_ENV} "
+                         f"(deprecated)")
+    if new:
+        return MEM_FRACTION_ENV, new
+    if old:
+        return DEPRECATED_MEM_FRACTION_ENV, old
+    return None
+
+
+def mem_fraction() -> float:
+    """JAX's GPU pool as a share of the card: what `mem_fraction_setting` names, or 0.75.
+
+    Raises:
+      ValueError: the variable is set to anything but a number in (0, 1], or both names
+        are set (`mem_fraction_setting`).
+    """
+    setting = mem_fraction_setting()
+    if setting is None:
         return DEFAULT_MEM_FRACTION
+    name, text = setting
     try:
         value = float(text)
     except ValueError:
         value = float("nan")
     if not 0 < value <= 1:
-        raise ValueError(f"{MEM_FRACTION_ENV}={text!r} is invalid: a number in (0, 1]")
+        raise ValueError(f"{name}={text!r} is invalid: a number in (0, 1]")
     return value
 
 

@@ -519,15 +519,27 @@ def run_if_fits(spec, label: str = "", *, graphs=None, usable: Optional[int] = N
         # The device's memory read less when the step was run than just before.
         step = CompiledStep(spec, planned[-1])
     fits = step.run is not None
-    measured = measured_peak(spec) if measure and fits else None
+    measured = (measured_peak(spec, plan_bytes=int(step.memory.total_bytes))
+                if measure and fits else None)
     return GuardedRun(label, int(step.memory.total_bytes), int(step.memory.temp_bytes),
                       usable, fits, step, measured)
 
 
-def measured_peak(spec, repeats: int = 2) -> Optional[int]:
-    """On a GPU, the device's peak bytes of `spec`'s training step in a fresh process.
+def measured_peak(spec, repeats: int = 2, *, plan_bytes: Optional[int] = None
+                  ) -> Optional[int]:
+    """Off the CPU, the device's peak bytes of `spec`'s training step in a fresh process.
 
-    Returns None on a CPU (the device reports no allocator) or if the run failed.
+    Args:
+      spec: a `gclab.sizing.StepSpec`.
+      repeats: training steps run in the measuring process.
+      plan_bytes: XLA's compiled total of the step, if known (else compiled from shapes,
+        only where this process holds some of the card): what the fresh process must find
+        free on the card.
+
+    Returns None on a CPU, where the device reports no peak
+    (`gclab.measure.peak.device_peak_available`), where this process holds too much of the
+    card for a fresh process to run the step (`gclab.measure.peak.refuse_if_held`), or
+    if the run failed.
     """
     import jax
 
@@ -535,9 +547,36 @@ def measured_peak(spec, repeats: int = 2) -> Optional[int]:
 
     if jax.default_backend() == "cpu":
         return None
+
+    def plan() -> int:
+        from gclab.sizing import train_step_memory
+
+        return train_step_memory(spec).total_bytes
+
+    if _why_not_measured(jax.devices()[0], plan if plan_bytes is None else plan_bytes):
+        return None
     r = measure_peak("gclab.sizing.sweep:timed_steps",
                      {"spec_json": spec.to_json(), "steps": repeats})
     return r.peak_bytes if r.ok else None
+
+
+def _why_not_measured(device, plan_bytes) -> Optional[str]:
+    """Why no fresh process measures a plan from this process's `device` (None: go ahead).
+
+    A device that reports no peak (`gclab.measure.peak.device_peak_available`, the one
+    test the fresh process applies too), or this process holding too much of its card
+    (`gclab.measure.peak.refuse_if_held`). A CPU device (this process holds no card) is
+    never refused here.
+    """
+    from gclab.measure import peak
+
+    if getattr(device, "platform", "cpu") == "cpu":
+        return None
+    stats = peak.memory_stats(device)
+    if not peak.device_peak_available(stats):
+        return peak.no_peak_reason(str(device.platform), stats)
+    refused = peak.refuse_if_held(device, plan_bytes)
+    return refused.message if refused is not None else None
 
 
 #: Recording of each chapter made by ``benchmarks/record_gpu.py`` (``gpu-<scale>-<part>``).
@@ -562,13 +601,24 @@ def gpu_recording(chapter: str, scale: Scale, data_dir: Optional[Path] = None):
     rows = [{"configuration": r["label"], "plan": _format(r.get("plan_bytes")),
              "measured peak": _format(r.get("peak_bytes")),
              "measured / plan": r.get("measured_over_plan"),
-             "step seconds": r.get("step_seconds"), "on the card": r["status"]}
+             "step seconds": r.get("step_seconds"), "on the card": _on_the_card(r)}
             for r in record["rows"] if r["chapter"] == str(chapter).zfill(2)]
     title = (f"recorded on {hw['device']} ({hw.get('backend')}), {record['date']}, jax "
              f"{hw.get('jax')}, gclab commit {str(hw.get('commit'))[:12]}"
              + (" (incomplete: the run stopped before its last configuration)"
                 if record.get("complete") is False else ""))
     return title, pd.DataFrame(rows)
+
+
+def _on_the_card(row: Mapping) -> str:
+    """What a recorded configuration did on the card: its plan's verdict (``runs (plan
+    X)``), unless its measured run there failed (``measure_status`` ``oom`` or ``error``):
+    then ``failed on the card (<status>)``, with the run's message where recorded."""
+    status, measured = str(row.get("status", "")), row.get("measure_status")
+    if measured not in ("oom", "error") or status.startswith("failed"):
+        return status
+    why = (str(row.get("measure_message") or "").strip().splitlines() or [""])[0][:200]
+    return f"failed on the card ({measured})" + (f": {why}" if why else "")
 
 
 #: The recipe benchmark's recordings, one per backend (`benchmarks/memory_recipes.py` on a
@@ -645,22 +695,23 @@ def claim_figures(record: Optional[dict]) -> dict:
     }
 
 
-#: Why the measured column is empty where the backend is not a GPU.
+#: Why the measured column is empty on a CPU.
 NOT_MEASURED = ("not measured on {backend}: no device allocator reports a peak "
                 "(peak_bytes_in_use) here, so XLA's plan is the only figure")
-#: Backends whose device peak `planned_and_measured` reads.
-GPU_BACKENDS = ("gpu", "cuda", "rocm")
 
 
 def planned_and_measured(configs, *, plans=None, usable: Optional[int] = None,
                          repeats: int = 2):
-    """XLA's plan of each configuration and, on a GPU, the device's measured peak beside it.
+    """XLA's plan of each configuration and, off the CPU, the device's measured peak beside it.
 
-    On a GPU each configuration whose plan fits the usable memory runs `repeats` training
-    steps in a fresh process (`gclab.measure.measure_peak`, which reads the device's
-    ``peak_bytes_in_use``); the table gives the peak and measured / plan. On any other
-    backend, or where a configuration does not fit or its run fails, the measured columns
-    are empty and ``measured`` says why: never a number that was not measured.
+    Off the CPU (a GPU, a TPU), where the device reports a peak
+    (`gclab.measure.peak.device_peak_available`), each configuration whose plan fits the
+    usable memory, and what this process leaves of the card
+    (`gclab.measure.peak.refuse_if_held`), runs `repeats` training steps in a fresh
+    process (`gclab.measure.measure_peak`, which reads the device's
+    ``peak_bytes_in_use``); the table gives the peak and measured / plan. On a CPU, or
+    where a configuration is not measured or its run fails, the measured columns are
+    empty and ``measured`` says why: never a number that was not measured.
 
     Args:
       configs: ``{label: StepSpec}``, in the order shown.
@@ -685,6 +736,7 @@ def planned_and_measured(configs, *, plans=None, usable: Optional[int] = None,
     import pandas as pd
 
     from gclab import measure
+    from gclab.measure import peak as peak_status
     from gclab.sizing import StepSpec, train_step_memory
 
     if not isinstance(configs, Mapping):
@@ -699,6 +751,7 @@ def planned_and_measured(configs, *, plans=None, usable: Optional[int] = None,
     repeats = require_count("repeats", repeats, 1, "planned_and_measured")
     backend = jax.default_backend()
     usable = _usable(usable, "planned_and_measured")
+    device = jax.devices()[0] if backend != "cpu" else None  # its backend runs already
     rows = []
     for label, spec in configs.items():
         if plans is not None and label in plans:
@@ -707,18 +760,22 @@ def planned_and_measured(configs, *, plans=None, usable: Optional[int] = None,
             m = train_step_memory(spec)
             total, temp = m.total_bytes, m.temp_bytes
         peak, why = None, None
-        if backend not in GPU_BACKENDS:
+        if backend == "cpu":
             why = NOT_MEASURED.format(backend=backend)
         elif not devices.fits(total, usable):
             why = f"not run: needs {_format(total)}, does not fit this card"
-        else:
+        else:  # a device without a peak, or a card this process holds too much of
+            why = _why_not_measured(device, total)
+        if why is None:
             r = measure.measure_peak("gclab.sizing.sweep:timed_steps",
                                      {"spec_json": spec.to_json(), "steps": repeats})
+            first = (r.message or "no peak reported").strip().splitlines()[0]
             if r.ok and r.peak_bytes is not None:
                 peak = int(r.peak_bytes)
+            elif r.status == peak_status.NOT_MEASURED:  # the fresh process says why
+                why = first
             else:
-                first = (r.message or "no peak reported").strip().splitlines()[0][:120]
-                why = f"run failed ({r.status}): {first}"
+                why = f"run failed ({r.status}): {first[:120]}"
         rows.append({"configuration": label, "plan_bytes": int(total), "temp_bytes": int(temp),
                      "measured_peak_bytes": peak,
                      "measured_over_plan": None if peak is None else peak / total,

@@ -384,3 +384,140 @@ def test_graph_build_records_library_versions_and_commit(benchmarks, monkeypatch
     assert set(versions) >= {"jax", "numpy", "scipy", "trimesh", "gclab"}
     assert versions["numpy"] == np.__version__
     assert record["commit"] and record["commit"] == graph_build.commit()
+
+
+class _FakeCard:
+    """A GPU that JAX would report: its kind and its allocator's limit (75% of the card)."""
+
+    platform, id = "gpu", 0
+
+    def __init__(self, kind: str, total: int):
+        self.device_kind, self._limit = kind, int(0.75 * total)
+
+    def memory_stats(self):
+        return {"bytes_limit": self._limit, "bytes_in_use": 0, "peak_bytes_in_use": 0}
+
+
+@pytest.fixture
+def t4(monkeypatch):
+    """A 16 GB Tesla T4 (about 10.9 GiB usable) as JAX's only device."""
+    import jax
+
+    card = _FakeCard("Tesla T4", 15_637_086_208)
+    monkeypatch.setattr(jax, "devices", lambda *a, **k: [card])
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    monkeypatch.setattr(jax, "device_count", lambda *a, **k: 1)
+    return card
+
+
+def _fake_compile(sizes: dict, ran: list):
+    """`compile_train_step` with `sizes[processor_remat]` (default 2 GiB) as each compiled
+    plan, refusing, as the real one does, a live step beyond the device's memory."""
+    from gclab.limits import require_fits
+    from gclab.sizing.step import device_memory_bytes
+
+    def compile_train_step(spec, graphs=None, *, live=False, run_if=None, **kwargs):
+        memory = types.SimpleNamespace(total_bytes=sizes.get(spec.memory.processor_remat,
+                                                             2 * 2**30), temp_bytes=0)
+        if run_if is not None and not run_if(memory):
+            return types.SimpleNamespace(spec=spec, memory=memory, run=None)
+        require_fits(f"running one training step of {spec.title()}", memory.total_bytes,
+                     device_memory_bytes(), "this gpu device's memory")
+        return types.SimpleNamespace(spec=spec, memory=memory,
+                                     run=lambda: ran.append(spec.memory.processor_remat))
+
+    return compile_train_step
+
+
+@pytest.fixture
+def calibration(benchmarks, monkeypatch, tmp_path):
+    """`planner_calibration.py` writing under `tmp_path`, its steps compiled by `compile`."""
+    import planner_calibration as pc
+
+    import gclab.sizing.step
+
+    for name in ("RESULTS", "SHIPPED"):
+        (tmp_path / name.lower()).mkdir()
+        monkeypatch.setattr(pc, name, tmp_path / name.lower())
+
+    def use(compile_train_step):
+        monkeypatch.setattr(gclab.sizing.step, "compile_train_step", compile_train_step)
+        monkeypatch.setattr(pc, "compile_train_step", compile_train_step, raising=False)
+        return pc
+
+    return use
+
+
+def test_planner_calibration_skips_candidates_that_do_not_fit_the_card(t4, calibration,
+                                                                       capsys, tmp_path):
+    """On a 16 GB card ``none`` and ``gam`` of graphcast-small (no remat, about 40 GiB) are
+    not run: one line each says so, the recording lists them as skipped, and the candidates
+    that fit are timed and fit."""
+    ran = []
+    pc = calibration(_fake_compile({"none": 40 * 2**30}, ran))
+    assert pc.main(["--presets", "graphcast-small", "--repeats", "1"]) == 0
+    out = capsys.readouterr().out
+    record = json.loads((tmp_path / "results" / "planner-calibration-t4.json").read_text())
+    skipped = {r["label"]: r["skipped"] for r in record["skipped"]}
+    assert set(skipped) == {"none", "gam"}
+    assert skipped["none"] == ("plan 40.00 GiB does not fit this device's "
+                               "10.92 GiB usable (plans up to 90% of it)")
+    assert "graphcast-small none: skipped, plan 40.00 GiB does not fit" in out
+    timed = [r["label"] for r in record["measurements"]]
+    assert len(timed) == 14 and not set(timed) & set(skipped)
+    assert "none" not in ran and len(ran) == 2 * 14  # warmed once, timed once
+    assert record["fit"]["measurements"] == 14
+    shipped = tmp_path / "shipped" / "planner-calibration-t4.json"
+    assert json.loads(shipped.read_text())["skipped"] == record["skipped"]
+
+
+def test_planner_calibration_with_too_few_candidates_that_fit_says_so_in_one_line(
+        t4, calibration, capsys, tmp_path):
+    ran = []
+    sizes = {remat: 40 * 2**30 for remat in ("none", "step", "every", "nested")}
+    pc = calibration(_fake_compile(sizes, ran))
+    assert pc.main(["--presets", "graphcast-small", "--repeats", "1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("planner_calibration.py: error: --presets graphcast-small: 0 "
+                          "candidate(s) fit this device's memory") and "\n" not in err
+    record = json.loads((tmp_path / "results" / "planner-calibration-t4.json").read_text())
+    assert record["measurements"] == [] and len(record["skipped"]) == 16
+    assert list((tmp_path / "shipped").iterdir()) == []  # no fit: nothing for the planner
+
+
+def test_record_gpu_run_that_fails_on_the_card_is_not_recorded_as_running(benchmarks,
+                                                                          monkeypatch):
+    """A plan that fits yet whose measured run runs out of memory (or breaks) is recorded,
+    and shown in the chapters, as failed on the card with the first line of its error."""
+    import record_gpu
+
+    import gclab.measure
+    import gclab.notebook
+    import gclab.sizing
+    from gclab.measure.peak import PeakResult
+
+    class Run:
+        fits = True
+
+        def status(self):
+            return "runs (plan 3.00 GiB)"
+
+    outcomes = iter([PeakResult("oom", "RESOURCE_EXHAUSTED: Out of memory while trying to "
+                                "allocate 40.1GiB\nmore lines", backend="gpu"),
+                     PeakResult("error", "child exited with status -9", backend="gpu"),
+                     PeakResult("ok", backend="gpu", peak_bytes=3 * 2**30,
+                                result={"step_seconds": 0.5})])
+    monkeypatch.setattr(gclab.sizing, "train_step_memory", lambda spec: types.SimpleNamespace(
+        total_bytes=3 * 2**30, temp_bytes=2**30))
+    monkeypatch.setattr(gclab.notebook, "run_if_fits", lambda *a, **k: Run())
+    monkeypatch.setattr(gclab.notebook, "usable_here", lambda: 60 * 2**30)
+    monkeypatch.setattr(gclab.measure, "measure_peak", lambda *a, **k: next(outcomes))
+    part = record_gpu.Part("p", "three", lambda scale: gclab.notebook.live_configs(
+        "05", scale)[:1] * 3)
+    rows = record_gpu.record_part(part, gclab.notebook.scale_named("80GB"), dry_run=False)["rows"]
+    assert [r["measure_status"] for r in rows] == ["oom", "error", "ok"]
+    assert rows[0]["status"] == ("failed on the card (oom, plan 3.00 GiB): RESOURCE_EXHAUSTED: "
+                                 "Out of memory while trying to allocate 40.1GiB")
+    assert rows[1]["status"] == ("failed on the card (error, plan 3.00 GiB): child exited "
+                                 "with status -9")
+    assert rows[2]["status"] == "runs (plan 3.00 GiB)" and rows[2]["step_seconds"] == 0.5

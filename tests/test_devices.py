@@ -1,5 +1,7 @@
 """One rule for usable memory: the allocator's limit, or a named card times JAX's fraction."""
 
+import math
+
 import numpy as np
 import pytest
 
@@ -40,23 +42,82 @@ def test_this_cpu_reports_no_limit():
     assert usable_bytes() is None
 
 
-def test_a_named_card_gets_jax_default_fraction(monkeypatch):
+#: What CUDA reports as a T4's memory (deviceQuery on Colab's T4: "15102 MBytes (15835660288
+#: bytes)", PyTorch's "14.75 GiB total capacity"): not the printed 16 GB.
+T4_CUDA_TOTAL = 15_835_660_288
+
+
+@pytest.fixture
+def no_fraction(monkeypatch):
+    """Neither of the names JAX reads for its GPU pool's share is set."""
+    monkeypatch.delenv("XLA_CLIENT_MEM_FRACTION", raising=False)
     monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION", raising=False)
+
+
+def test_a_named_card_gets_jax_default_fraction(monkeypatch, no_fraction):
     monkeypatch.setenv("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # changes nothing
-    assert card_usable_bytes("T4") == 12 * 10**9
+    assert card_usable_bytes("T4") == int(0.75 * T4_CUDA_TOTAL)
     assert card_usable_bytes("h100") == 60 * 10**9
     assert usable_bytes(card_name="A100-40GB") == 30 * 10**9
     # TPU memory is per chip, in GiB, and has no client fraction.
     assert card_usable_bytes("TPU-v4") == 32 * 2**30
 
 
-def test_the_fraction_follows_the_environment(monkeypatch):
+def test_the_fraction_follows_the_environment(monkeypatch, no_fraction):
     monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", ".5")
     assert mem_fraction() == 0.5 and card_usable_bytes("L4") == 12 * 10**9
     for bad in ("0", "1.5", "lots"):
         monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", bad)
         with pytest.raises(ValueError, match=r"XLA_PYTHON_CLIENT_MEM_FRACTION=.* \(0, 1\]"):
             mem_fraction()
+
+
+def test_the_fraction_is_read_by_the_name_jax_reads_first(monkeypatch, no_fraction):
+    """jaxlib reads ``XLA_CLIENT_MEM_FRACTION``, else the deprecated
+    ``XLA_PYTHON_CLIENT_MEM_FRACTION``, and refuses both at once (``xla_client.py``)."""
+    monkeypatch.setenv("XLA_CLIENT_MEM_FRACTION", ".5")
+    assert mem_fraction() == 0.5 and card_usable_bytes("L4") == 12 * 10**9
+    assert devices.mem_fraction_setting() == ("XLA_CLIENT_MEM_FRACTION", ".5")
+    monkeypatch.setenv("XLA_CLIENT_MEM_FRACTION", "lots")
+    with pytest.raises(ValueError, match=r"^XLA_CLIENT_MEM_FRACTION='lots' is invalid: .*\(0, 1\]"):
+        mem_fraction()
+    monkeypatch.setenv("XLA_CLIENT_MEM_FRACTION", ".5")
+    monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", ".5")
+    with pytest.raises(ValueError, match="XLA_CLIENT_MEM_FRACTION='.5' and "
+                       "XLA_PYTHON_CLIENT_MEM_FRACTION='.5' are both set: JAX refuses both"):
+        mem_fraction()
+    monkeypatch.delenv("XLA_CLIENT_MEM_FRACTION")
+    assert devices.mem_fraction_setting() == ("XLA_PYTHON_CLIENT_MEM_FRACTION", ".5")
+
+
+@pytest.mark.parametrize("env, line", [
+    ({"XLA_CLIENT_MEM_FRACTION": "most"}, "XLA_CLIENT_MEM_FRACTION=most: a number in (0, 1]"),
+    ({"XLA_PYTHON_CLIENT_MEM_FRACTION": "most"},
+     "XLA_PYTHON_CLIENT_MEM_FRACTION=most: a number in (0, 1]"),
+    ({"XLA_CLIENT_MEM_FRACTION": ".5", "XLA_PYTHON_CLIENT_MEM_FRACTION": ".6"},
+     "XLA_CLIENT_MEM_FRACTION='.5' and XLA_PYTHON_CLIENT_MEM_FRACTION='.6' are both set"),
+])
+def test_gclab_plan_names_the_fraction_variable_at_fault(env, line, monkeypatch, capsys,
+                                                         no_fraction):
+    from gclab import cli
+
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    argv = ["plan", "--resolution", "6", "--mesh-splits", "2", "--budget", "T4", "--compiled",
+            "no"]
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) <= 2 and f"error: {line}" in err[-1], err
+
+
+def test_the_t4_is_what_cuda_reports_and_the_planner_agrees_with_one(no_fraction):
+    """A real T4's allocator limit is 0.75 of CUDA's total, 14.75 GiB: a 10 GiB plan fits
+    neither it nor the planner's T4 (the printed 16 GB would let it fit the planner's)."""
+    here = usable_bytes(FakeDevice({"bytes_limit": int(0.75 * T4_CUDA_TOTAL)}))
+    assert planner.parse_budget("T4") == here
+    plan = 10 * 2**30
+    assert not fits(plan, here) and not fits(plan, planner.parse_budget("T4"))
+    assert device_class_of(here).name == "16GB"
 
 
 def test_unknown_card_names_the_known_ones():
@@ -98,9 +159,9 @@ def test_a_card_below_the_smallest_gpu_class_is_of_the_cpu_class():
     eight = int(0.75 * 8 * 10**9)
     assert eight < DEVICE_CLASSES["16GB"].budget_bytes
     assert device_class_of(eight) is DEVICE_CLASSES["cpu"]
-    lowest = devices.CLASS_TOLERANCE * DEVICE_CLASSES["16GB"].usable_bytes
-    assert device_class_of(int(lowest)).name == "16GB"
-    assert device_class_of(int(lowest) - 1).name == "cpu"
+    lowest = math.ceil(devices.CLASS_TOLERANCE * DEVICE_CLASSES["16GB"].usable_bytes)
+    assert device_class_of(lowest).name == "16GB"
+    assert device_class_of(lowest - 1).name == "cpu"
     assert device_class_of(np.int64(card_usable_bytes("L4"))).name == "24GB"
 
 

@@ -11,6 +11,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import os
 import re
@@ -21,11 +23,13 @@ from typing import Any
 
 import jax
 
+from gclab.config import require_kind
 from gclab.limits import format_bytes
 
-__all__ = ["DEFAULT_CPU_OPTIONS", "PLAN_ONLY_CPU_OPTIONS", "CompiledMemory", "compile_fn",
-           "compile_timed", "compiled_memory", "format_bytes", "memory_of_compiled",
-           "plan_only_options"]
+__all__ = ["DEFAULT_CPU_OPTIONS", "GPU_PLATFORMS", "PLAN_ONLY_CPU_OPTIONS", "CompiledMemory",
+           "compile_fn", "compile_timed", "compiled_memory", "format_bytes",
+           "memory_of_compiled", "plan_only_options", "plans_for_another_card",
+           "target_platform"]
 
 
 #: XLA:CPU options of a compile that is read, never run (`plan_only_options`).
@@ -48,7 +52,56 @@ DEFAULT_CPU_OPTIONS = types.MappingProxyType({"xla_backend_optimization_level": 
                                               "xla_cpu_use_fusion_emitters": True})
 
 
-def plan_only_options(same_hlo: bool = False) -> dict | None:
+#: Platform names of JAX's GPU backends (``jax.Device.platform``, ``jax.default_backend()``).
+GPU_PLATFORMS = ("gpu", "cuda", "rocm")
+#: The pass XLA:GPU runs against a memory limit taken from the card that is present: when
+#: a program's plan exceeds it, the pass recomputes values until the plan fits (chapter 4).
+_XLA_REMAT_PASS = "rematerialization"
+#: Whether the plan-only compiles of this context size a program for another card's memory
+#: than the present GPU's (`plans_for_another_card`).
+_ANOTHER_CARD = contextvars.ContextVar("gclab_plans_for_another_card", default=False)
+
+
+@contextlib.contextmanager
+def plans_for_another_card(another: bool = True):
+    """Within it, `plan_only_options` sizes programs for another card than the present GPU.
+
+    XLA:GPU's rematerialization pass shrinks a plan towards a limit taken from the card
+    that is present, so a plan compiled on a T4 for an H100's budget would be shrunk
+    towards the T4's memory; within this context a plan-only compile on a GPU leaves the
+    pass out (`plan_only_options`). `gclab.sizing.plan` enters it for every budget but
+    the present card's own memory.
+
+    Args:
+      another: False restores the default (plans for the present card) within an outer
+        context.
+    """
+    token = _ANOTHER_CARD.set(bool(another))
+    try:
+        yield
+    finally:
+        _ANOTHER_CARD.reset(token)
+
+
+def target_platform(*trees: Any) -> str:
+    """The platform a jit of these arguments compiles for: that of the first leaf placed on
+    (or, as a `jax.ShapeDtypeStruct`, sharded over) devices, else of JAX's default device
+    (`jax.default_device`), else the default backend."""
+    for leaf in jax.tree_util.tree_leaves(trees):
+        sharding = getattr(leaf, "sharding", None)
+        if sharding is None or not getattr(leaf, "committed", True):
+            continue
+        try:
+            return next(iter(sharding.device_set)).platform
+        except (AttributeError, StopIteration):  # a sharding without devices
+            continue
+    default = jax.config.jax_default_device
+    if default is not None:
+        return default if isinstance(default, str) else default.platform
+    return jax.default_backend()
+
+
+def plan_only_options(same_hlo: bool = False, platform: str | None = None) -> dict | None:
     """XLA options for a compile that is read, never run: on CPU, the cheapest compile.
 
     Buffer assignment happens on the optimised HLO, before LLVM: LLVM's level changes no
@@ -58,23 +111,52 @@ def plan_only_options(same_hlo: bool = False) -> dict | None:
     they make a compile several times faster than XLA's defaults (`PLAN_ONLY_CPU_OPTIONS`;
     the book's appendix measures it). Functions compiled to run keep the defaults.
 
+    On a GPU the compile is XLA's default one, but within `plans_for_another_card` (a plan
+    for a budget other than the present card's memory) it leaves XLA's rematerialization
+    pass out (``xla_disable_hlo_passes=rematerialization``, added to the passes
+    ``XLA_FLAGS`` disable): that pass would shrink the plan towards the present card's
+    limit, not the budget's. The figure is then the program's own plan, never shrunk.
+
     Args:
       same_hlo: only LLVM's level, so that the optimised HLO is the one a compile that
         runs gets: for programs whose fusions or FLOPs are read, and for figures compared
-        with plans recorded so.
+        with plans recorded so (no effect on a GPU).
+      platform: the platform the compile is for: that of the devices or sharding it
+        targets (`target_platform`); default ``jax.default_backend()``. A machine with a
+        GPU compiles layouts on its simulated CPU devices: their options are CPU ones.
 
     Returns:
       Only the options ``XLA_FLAGS`` do not already set to the same value; None where that
-      leaves nothing: off the CPU backend, and where ``XLA_FLAGS`` set them for every
-      compile (as the tests do). There a plan-only compile is the very compile of a step
-      compiled to run, and JAX's persistent compilation cache, whose key holds these
-      options, keeps one entry for both.
+      leaves nothing: on a platform other than CPU and GPU, on a GPU outside
+      `plans_for_another_card`, and where ``XLA_FLAGS`` set them for every compile (as the
+      tests do). There a plan-only compile is the very compile of a step compiled to run,
+      and JAX's persistent compilation cache, whose key holds these options, keeps one
+      entry for both.
+
+    Raises:
+      WrongType: a `platform` that is neither None nor a str.
     """
-    if jax.default_backend() != "cpu":
+    require_kind("platform", platform, str, "a platform name such as 'cpu' or 'gpu', or None",
+                 caller="plan_only_options", optional=True)
+    platform = (platform or jax.default_backend()).lower()
+    if platform in GPU_PLATFORMS:
+        return _without_xla_remat() if _ANOTHER_CARD.get() else None
+    if platform != "cpu":
         return None
     options = {name: value for name, value in PLAN_ONLY_CPU_OPTIONS.items()
                if not (same_hlo and name == _HLO_OPTION) and not _flags_set(name, value)}
     return options or None
+
+
+def _without_xla_remat() -> dict | None:
+    """``xla_disable_hlo_passes`` with XLA's rematerialization pass added to the passes
+    ``XLA_FLAGS`` disable (a compile's option replaces the flag's list); None where the
+    flags disable it already."""
+    values = re.findall(r"--xla_disable_hlo_passes=(\S+)", os.environ.get("XLA_FLAGS", ""))
+    passes = [p for p in values[-1].split(",") if p] if values else []
+    if _XLA_REMAT_PASS in passes:
+        return None
+    return {"xla_disable_hlo_passes": ",".join([*passes, _XLA_REMAT_PASS])}
 
 
 def _flags_set(name: str, value: bool | int) -> bool:
@@ -226,7 +308,8 @@ def compiled_memory(
 ) -> CompiledMemory:
     """XLA's memory plan of `jax.jit(fn)(*args, **kwargs)`, without running it.
 
-    Compiled with `plan_only_options` (the plan is read, the code never runs).
+    Compiled with `plan_only_options` for the platform the arguments are placed on
+    (`target_platform`): the plan is read, the code never runs.
 
     Args:
       fn: the function to size (typically a training step).
@@ -239,7 +322,8 @@ def compiled_memory(
       A `CompiledMemory`.
     """
     compiled, seconds = compile_timed(
-        fn, args, kwargs, static_argnums, donate_argnums, plan_only_options()
+        fn, args, kwargs, static_argnums, donate_argnums,
+        plan_only_options(platform=target_platform(args, kwargs))
     )
     return memory_of_compiled(compiled, seconds)
 

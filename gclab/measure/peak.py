@@ -4,13 +4,22 @@
   one configuration cannot inherit another's allocator state or compile cache) and
   reads back the peak:
 
-  - on GPU, `device.memory_stats()['peak_bytes_in_use']`: the most bytes allocated at
-    once out of the allocator's pool (blocks, not the pool: preallocation does not change
-    it). The child sets ``XLA_PYTHON_CLIENT_PREALLOCATE=false`` before JAX starts, so that
-    it reserves only what it allocates and `nvidia-smi` agrees with the counter;
+  - off the CPU (GPU, TPU), `device.memory_stats()['peak_bytes_in_use']`: the most bytes
+    allocated at once out of the allocator's pool (blocks, not the pool: preallocation
+    does not change it). The child sets ``XLA_PYTHON_CLIENT_PREALLOCATE=false`` before
+    JAX starts, so that it reserves only what it allocates and `nvidia-smi` agrees with
+    the counter. A device whose stats hold no such reading (`device_peak_available`:
+    None on Apple's METAL, no key, or -1) gives status ``'not measured'`` and no peak:
+    host memory is never reported as a device's peak;
   - on CPU (where `memory_stats()` is None), the peak heap seen by `memray.Tracker`
     during the workload, plus the process's peak resident set size
     (`VmHWM` on Linux, else `getrusage(RUSAGE_SELF).ru_maxrss`).
+
+  A fresh process shares the card with this one, whose JAX pool keeps what it ever took
+  (all of its share of the card, where it preallocated). Given this process's `device`,
+  `measure_peak` starts no child where what this process holds leaves too little for the
+  plan (`refuse_if_held`): the status is then ``'not measured'`` and the message says
+  how much this process holds.
 
   An out-of-memory failure in the child (``RESOURCE_EXHAUSTED``, ``Out of memory``,
   `MemoryError`, or the child killed by SIGKILL) comes back as status ``'oom'``; any
@@ -34,17 +43,24 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional, Union
 
 import jax
 
-from gclab.config import WrongType, is_number, require_count
+from gclab import devices
+from gclab.config import WrongType, is_int, is_number, require_count
 from gclab.measure.compiled import format_bytes
 
 _OOM_MARKERS = ("RESOURCE_EXHAUSTED", "Out of memory", "out of memory", "MemoryError")
 _RESULT_PREFIX = "GCLAB_MEASURE_RESULT="
+#: Status of a run that gives no peak: a device that reports none, or a child not started
+#: because this process holds too much of the card (`refuse_if_held`).
+NOT_MEASURED = "not measured"
+#: Keys of `memory_stats()` that say what a process's allocator holds of the card, most
+#: telling first: the pool (BFC), the reserved memory (CUDA's async allocator), the blocks.
+_HELD_KEYS = ("pool_bytes", "bytes_reserved", "bytes_in_use")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,13 +68,14 @@ class PeakResult:
     """Outcome of one configuration run in a fresh process.
 
     Attributes:
-      status: 'ok', 'oom' (out of memory, or measured peak above the budget) or
-        'error' (any other failure, including a timeout).
-      message: empty when ok; otherwise what went wrong.
+      status: 'ok', 'oom' (out of memory, or measured peak above the budget), 'error'
+        (any other failure, including a timeout) or 'not measured' (`NOT_MEASURED`: the
+        device reports no peak, or no child was started; `peak_bytes` is None).
+      message: empty when ok; otherwise what went wrong, or why there is no peak.
       backend: JAX backend of the child ('cpu', 'gpu', ...), '' if unknown.
       device: description of the child's first device, '' if unknown.
-      peak_bytes: GPU: device peak bytes in use; CPU: memray's peak heap during the
-        workload. None if not measured.
+      peak_bytes: off the CPU: device peak bytes in use; CPU: memray's peak heap during
+        the workload. None if not measured.
       peak_rss_bytes: peak resident set size of the child process (whole process,
         including the Python interpreter and JAX itself). None if not measured.
       wall_seconds: wall time of the workload call in the child (whole child run if
@@ -95,6 +112,111 @@ def _repo_root() -> str:
     return str(Path(__file__).resolve().parent.parent)
 
 
+def device_peak_available(stats: object) -> bool:
+    """Whether a device's `memory_stats()` hold a peak that is a reading.
+
+    The one test of gclab for a device peak (the fresh process reads one only where it
+    holds, the chapters measure only where it holds): a mapping whose
+    ``peak_bytes_in_use`` is an integer >= 0. None (a CPU, Apple's METAL), a mapping
+    without the key, or a negative value (a counter the backend does not keep) is none.
+    """
+    if not isinstance(stats, Mapping):
+        return False
+    value = stats.get("peak_bytes_in_use")
+    return is_int(value) and value >= 0
+
+
+def memory_stats(device: Any) -> Optional[Mapping]:
+    """``device.memory_stats()``, or None where it has none, or raises, or is no mapping."""
+    try:
+        stats = device.memory_stats()
+    except Exception:  # noqa: BLE001 - some backends raise instead of returning None
+        return None
+    return stats if isinstance(stats, Mapping) else None
+
+
+def no_peak_reason(backend: str, stats: object) -> str:
+    """Why `stats` (a device's `memory_stats()` on `backend`) hold no peak, in one line."""
+    if not isinstance(stats, Mapping):
+        detail = "memory_stats() is None"
+    elif "peak_bytes_in_use" not in stats:
+        detail = "memory_stats() has no peak_bytes_in_use"
+    else:
+        detail = f"peak_bytes_in_use is {stats['peak_bytes_in_use']!r}"
+    return (f"not measured on {backend}: its device reports no peak ({detail}); host memory "
+            "is no device peak")
+
+
+def held_bytes(stats: object) -> int:
+    """What a process's allocator holds of the card, from its device's `memory_stats()`.
+
+    The largest of ``pool_bytes``, ``bytes_reserved`` and ``bytes_in_use`` that are
+    present (JAX's pool keeps what it took: it never gives memory back to the card); 0
+    where none is (or `stats` is None).
+    """
+    if not isinstance(stats, Mapping):
+        return 0
+    values = [int(stats[k]) for k in _HELD_KEYS if is_int(stats.get(k)) and stats[k] >= 0]
+    return max(values, default=0)
+
+
+def _card_bytes(platform: str, limit: int) -> int:
+    """The card's memory from its allocator limit: a GPU's pool is `mem_fraction` of it."""
+    if platform not in ("gpu", "cuda", "rocm"):
+        return limit  # a TPU's limit is its whole memory
+    try:
+        return int(limit / devices.mem_fraction())
+    except ValueError:  # a bad XLA_PYTHON_CLIENT_MEM_FRACTION: count the limit alone
+        return limit
+
+
+def refuse_if_held(
+    device: Any, plan_bytes: Union[int, None, Callable[[], Optional[int]]]
+) -> Optional[PeakResult]:
+    """A 'not measured' result where this process holds too much of the card for a child.
+
+    JAX's pool in this process keeps every byte it took (all of its share at once where
+    it preallocated), so a fresh process on the same card has at most the card's memory
+    less that, and never more than its own allocator limit. Nothing is started or
+    initialised here: `device` is one this process holds already.
+
+    Args:
+      device: this process's device on the card the child will use (`jax.devices()[0]`
+        of a backend started already); None, or a CPU device, is never refused.
+      plan_bytes: the plan the child will run (XLA's compiled total), a function that
+        returns it (called only where this process holds some of the card), or None
+        (unknown: refused only where nothing at all is left).
+
+    Returns:
+      None where a child may start; otherwise a `PeakResult` with status 'not measured'
+      whose message says how much this process holds.
+    """
+    platform = str(getattr(device, "platform", "cpu"))
+    if device is None or platform == "cpu":
+        return None
+    stats = memory_stats(device)
+    held = held_bytes(stats)
+    limit = stats.get("bytes_limit") if stats is not None else None
+    if held <= 0 or not is_int(limit) or limit <= 0:
+        return None  # nothing held, or nothing to compare it with
+    room = max(0, min(int(limit), _card_bytes(platform, int(limit)) - held))
+    plan = plan_bytes() if callable(plan_bytes) else plan_bytes
+    if room >= 1 and (plan is None or devices.fits(plan, room)):
+        return None
+    need = f"the plan ({format_bytes(plan)})" if plan is not None else "a fresh process"
+    return PeakResult(
+        status=NOT_MEASURED,
+        message=(
+            f"not measured: this process holds {format_bytes(held)} of the {platform} "
+            f"device's memory (JAX's pool does not give it back), leaving "
+            f"{format_bytes(room)}, too little for {need}; measure from a fresh process, "
+            "or set XLA_PYTHON_CLIENT_PREALLOCATE=false before JAX starts"
+        ),
+        backend=platform,
+        device=str(getattr(device, "device_kind", device)),
+    )
+
+
 def measure_peak(
     target: str,
     kwargs: Mapping[str, Any] | None = None,
@@ -103,6 +225,8 @@ def measure_peak(
     budget_bytes: int | None = None,
     env: Mapping[str, str] | None = None,
     track_heap: bool = True,
+    device: Any = None,
+    plan_bytes: Union[int, None, Callable[[], Optional[int]]] = None,
 ) -> PeakResult:
     """Runs ``target(**kwargs)`` in a fresh Python process and measures its peak.
 
@@ -116,6 +240,11 @@ def measure_peak(
       env: extra environment variables for the child (override the defaults).
       track_heap: on CPU, trace the heap with memray (slower for allocation-heavy
         workloads); if False only the peak RSS is measured and compared to the budget.
+      device: this process's device, where its backend has started already: no child
+        starts where this process holds too much of that card for `plan_bytes`
+        (`refuse_if_held`; status 'not measured'). None: no check (nothing is started
+        here to make one).
+      plan_bytes: the workload's plan, for that check (see `refuse_if_held`).
 
     Returns:
       A `PeakResult`; this function does not raise on failures of the child.
@@ -136,6 +265,9 @@ def measure_peak(
     timeout = float(timeout)
     if ":" not in target:
         raise ValueError(f"target must look like 'module:function', got {target!r}")
+    refused = refuse_if_held(device, plan_bytes)
+    if refused is not None:
+        return dataclasses.replace(refused, budget_bytes=budget_bytes)
     payload = json.dumps(
         {"target": target, "kwargs": dict(kwargs or {}), "track_heap": bool(track_heap)}
     )
@@ -245,10 +377,13 @@ def run_worker() -> int:
         module_name, func_name = spec["target"].split(":", 1)
         func = getattr(importlib.import_module(module_name), func_name)
         device = jax.devices()[0]  # starts the backend before anything is tracked
-        report["backend"] = jax.default_backend()
+        backend = jax.default_backend()
+        report["backend"] = backend
         report["device"] = str(getattr(device, "device_kind", device))
-        stats = device.memory_stats()
-        use_memray = stats is None and spec.get("track_heap", True)
+        stats = memory_stats(device)
+        # memray counts host memory: a peak only on a CPU, never in place of a device's
+        use_memray = backend == "cpu" and stats is None and spec.get("track_heap", True)
+        no_peak = None
         start = time.perf_counter()
         if use_memray:
             import memray
@@ -259,12 +394,15 @@ def run_worker() -> int:
             report["peak_bytes"] = int(memray.FileReader(trace).metadata.peak_memory)
         else:
             value = func(**spec["kwargs"])
-            stats = device.memory_stats()
-            if stats is not None:
-                report["peak_bytes"] = int(stats.get("peak_bytes_in_use", 0))
+            stats = memory_stats(device)
+            if device_peak_available(stats):
+                report["peak_bytes"] = int(stats["peak_bytes_in_use"])
+            elif backend != "cpu":
+                no_peak = no_peak_reason(backend, stats)
         report["wall_seconds"] = time.perf_counter() - start
         report["result"] = json.loads(json.dumps(value, default=str))
-        report["status"] = "ok"
+        report["status"] = "ok" if no_peak is None else NOT_MEASURED
+        report["message"] = no_peak or ""
     except BaseException as exc:  # noqa: BLE001 - every failure must be reported
         text = f"{type(exc).__name__}: {exc}"
         report["status"] = (

@@ -4,8 +4,10 @@ Recordings are JSON files that name their hardware and date (and, from a GPU, th
 version and gclab commit). Those that ship with gclab are package data in this folder,
 read with `importlib.resources`, so that an installed gclab (Colab's ``pip install``)
 finds them. New recordings are never written into an installed package: they go to
-`output_dir()`, the folder named by ``GCLAB_RECORDINGS`` or ``gclab-recordings`` in the
-working directory; `recorded` reads that folder first.
+`output_dir()`, the folder named by ``GCLAB_RECORDINGS``, else ``gclab-recordings`` at the
+root of the checkout gclab runs from (so that a recording made from the repository's root
+is found by the chapters, which run in ``book/``), else ``gclab-recordings`` in the working
+directory (an installed gclab); `recorded` reads that folder first.
 """
 
 from __future__ import annotations
@@ -17,11 +19,30 @@ from pathlib import Path
 from typing import Optional
 
 RECORDINGS_ENV = "GCLAB_RECORDINGS"
+#: The folder's name, at the checkout's root or in the working directory.
+FOLDER = "gclab-recordings"
+
+
+def checkout_root() -> Optional[Path]:
+    """The repository gclab runs from: the folder above the ``gclab`` package when it holds
+    gclab's ``pyproject.toml`` (a checkout, or an editable install); None for an installed
+    gclab."""
+    root = Path(__file__).resolve().parents[2]
+    try:
+        text = (root / "pyproject.toml").read_text()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return root if 'name = "gclab"' in text else None
 
 
 def output_dir() -> Path:
-    """Where new recordings go: ``$GCLAB_RECORDINGS`` or ``./gclab-recordings``."""
-    return Path(os.environ.get(RECORDINGS_ENV) or Path.cwd() / "gclab-recordings")
+    """Where new recordings go, whatever the working directory when gclab runs from a
+    checkout: ``$GCLAB_RECORDINGS``, else the checkout's ``gclab-recordings``, else
+    ``./gclab-recordings``."""
+    if os.environ.get(RECORDINGS_ENV):
+        return Path(os.environ[RECORDINGS_ENV])
+    root = checkout_root()
+    return (root if root is not None else Path.cwd()) / FOLDER
 
 
 def packaged_names() -> list[str]:

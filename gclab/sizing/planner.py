@@ -29,16 +29,17 @@ import math
 import re
 from typing import Any, Optional, Union
 
+import jax
 import numpy as np
 import pandas as pd
 from scipy.optimize import Bounds, LinearConstraint, milp
 
 from gclab.config import ModelConfig, TaskConfig, a_kind, is_number
-from gclab.devices import CARDS, FIT_MARGIN, card_usable_bytes
-from gclab.measure.compiled import format_bytes
+from gclab.devices import CARDS, FIT_MARGIN, card_usable_bytes, usable_bytes
+from gclab.measure.compiled import GPU_PLATFORMS, format_bytes, plans_for_another_card
 from gclab.memory.config import ACTIVATION_BYTES, PRECISIONS, RECIPES, MemoryConfig
 from gclab.sizing import analytical
-from gclab.sizing.speed import SpeedModel, card_name, speed_for
+from gclab.sizing.speed import SpeedModel, card_name, present_device, speed_for
 from gclab.sizing.step import StepSpec, train_step_memory
 
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
@@ -73,7 +74,8 @@ def parse_budget(budget: Union[int, float, str]) -> int:
     """Usable bytes of a budget: a number, a string with a unit, or a card name.
 
     A card name gives the card's usable memory (`gclab.devices.card_usable_bytes`: JAX's
-    pool, 0.75 of the card unless ``XLA_PYTHON_CLIENT_MEM_FRACTION`` says otherwise).
+    pool, 0.75 of the card unless ``XLA_CLIENT_MEM_FRACTION``, or the older
+    ``XLA_PYTHON_CLIENT_MEM_FRACTION``, says otherwise).
 
     Raises:
       ValueError: an unknown card, unit or malformed string (names the accepted forms).
@@ -286,13 +288,27 @@ def _milp(model, task, counts, usable, batch, rollout, precision, u, speed):
                  "extra_seconds": float(res.fun)}
 
 
-@functools.lru_cache(maxsize=256)
 # Compiled once per process: plans at several budgets (a sweep of cards, say) share the
-# candidates they compile; the figures of one backend do not change within a process.
+# candidates they compile; the figures of one backend do not change within a process, but
+# those compiled for another card than the present GPU leave XLA's remat pass out.
 @functools.lru_cache(maxsize=512)
 def _compiled_total(model: ModelConfig, task: TaskConfig, mem: MemoryConfig, batch: int,
-                    rollout: int) -> int:
-    return train_step_memory(StepSpec(model, task, mem, batch, rollout)).total_bytes
+                    rollout: int, another_card: bool = False) -> int:
+    with plans_for_another_card(another_card):
+        return train_step_memory(StepSpec(model, task, mem, batch, rollout)).total_bytes
+
+
+def _for_another_card(budget: Union[int, float, str], total: int) -> bool:
+    """Whether a plan for `budget` (`total` usable bytes) is for another card than this
+    machine's GPU: neither its allocator's limit nor the name of its card. XLA:GPU's
+    remat pass targets the present card's memory: for another card's budget, the plan's
+    compiles leave it out (`gclab.measure.compiled.plans_for_another_card`)."""
+    if jax.default_backend() not in GPU_PLATFORMS:
+        return False  # no GPU here: the pass is not run to fit memory
+    if total == usable_bytes():
+        return False
+    named = card_name(budget)
+    return named is None or named != present_device()
 
 
 def plan(budget: Union[int, float, str], model: ModelConfig, task: TaskConfig, *,
@@ -309,9 +325,11 @@ def plan(budget: Union[int, float, str], model: ModelConfig, task: TaskConfig, *
       batch: B.
       rollout: T.
       precision: `f32` or `bf16`.
-      use_compiled: True: verify with compiled figures (XLA on this machine); False: the
-        analytical model only; `auto`: compiled where the grid has at most
-        `AUTO_COMPILE_MAX_GRID_NODES` nodes.
+      use_compiled: True: verify with compiled figures (XLA on this machine; on a GPU,
+        for a budget other than its own memory, without XLA's rematerialization pass,
+        which would shrink them towards this card's memory); False: the analytical model
+        only; `auto`: compiled where the grid has at most `AUTO_COMPILE_MAX_GRID_NODES`
+        nodes.
       headroom: the fraction of the budget a peak may use (`gclab.devices.FIT_MARGIN`).
       speed: how candidates' step times are predicted (default
         `gclab.sizing.speed.speed_for`: the calibration recorded for the card `budget`
@@ -337,6 +355,7 @@ def plan(budget: Union[int, float, str], model: ModelConfig, task: TaskConfig, *
     usable = int(headroom * total)
     compiled = (model.num_grid_nodes <= AUTO_COMPILE_MAX_GRID_NODES
                 if use_compiled == "auto" else bool(use_compiled))
+    another_card = compiled and _for_another_card(budget, total)
     counts = analytical.GraphCounts.for_model(model)
     u = ACTIVATION_BYTES[precision]
 
@@ -366,7 +385,8 @@ def plan(budget: Union[int, float, str], model: ModelConfig, task: TaskConfig, *
         if compiled:
             if r["modelled_bytes"] > 1.5 * usable:  # the model is rarely this far off
                 continue
-            r["compiled_bytes"] = _compiled_total(model, task, r["memory"], batch, rollout)
+            r["compiled_bytes"] = _compiled_total(model, task, r["memory"], batch, rollout,
+                                                  another_card)
             if r["compiled_bytes"] <= usable:
                 chosen = r
                 break

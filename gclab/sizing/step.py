@@ -289,7 +289,12 @@ def compile_train_step(spec: StepSpec, graphs: Optional[Graphs] = None, *,
         mesh = make_mesh(spec.parallel, devices)
         args = training.abstract_step_args(mesh, *base)
     donate = (0,) if spec.memory.donate else ()
-    options = None if live else plan_only_options()
+    # The options of the devices compiled for (a layout on simulated CPU devices beside a GPU
+    # gets the CPU's), not of the default backend.
+    target = (mesh.devices.flat[0] if mesh is not None
+              else list(devices)[0] if devices is not None else None)
+    options = None if live else plan_only_options(
+        platform=None if target is None else target.platform)
     lines = None
     with contextlib.ExitStack() as stack:
         if mesh is not None:

@@ -7,7 +7,9 @@ Each row of a sweep is one `StepSpec` (model, task, techniques, batch B, rollout
 * ``timed``: the same step compiled once for real arrays in this process, its memory
   figures and the median time of `repeats` steps (`compile_train_step(live=True)`);
 * ``measured``: real steps in a fresh process (`gclab.measure.peak.measure_peak`
-  running `timed_steps`): the measured peak and the step time;
+  running `timed_steps`): the measured peak and the step time; status ``not measured``
+  (and not cached) where the device reports no peak, or where this process holds too much
+  of the card for the fresh process (`gclab.measure.peak.refuse_if_held`);
 * ``both``: compiled and measured.
 
 Results are cached as JSON, one file per row, keyed by the spec, the measure kind, the
@@ -45,7 +47,7 @@ from gclab.config import (
     require_kind,
 )
 from gclab.files import CacheWarning, atomic_path, check_writable_folder, write_text_atomic
-from gclab.measure.peak import measure_peak
+from gclab.measure.peak import NOT_MEASURED, measure_peak
 from gclab.measure.timing import median_seconds
 from gclab.memory.config import MemoryConfig, get_recipe
 from gclab.sizing.analytical import param_count
@@ -141,9 +143,19 @@ def _timed(spec: StepSpec, repeats: int) -> dict:
             "step_seconds": median_seconds(step.run, repeats)}
 
 
-def _measured(spec: StepSpec, timeout: float, repeats: int) -> dict:
+def _measured(spec: StepSpec, timeout: float, repeats: int,
+              plan_bytes: Optional[int] = None) -> dict:
+    def plan() -> Optional[int]:  # only where this process holds some of the card
+        try:
+            return train_step_memory(spec).total_bytes
+        except Exception:  # noqa: BLE001 - the fresh process reports what is wrong
+            return None
+
+    # The sweep's backend has started (`versions`): a fresh process is not started where
+    # this one holds too much of the card for the plan (status 'not measured').
     r = measure_peak("gclab.sizing.sweep:timed_steps",
-                     {"spec_json": spec.to_json(), "steps": repeats}, timeout=timeout)
+                     {"spec_json": spec.to_json(), "steps": repeats}, timeout=timeout,
+                     device=jax.devices()[0], plan_bytes=plan if plan_bytes is None else plan_bytes)
     return {"peak_bytes": r.peak_bytes, "peak_rss_bytes": r.peak_rss_bytes,
             "measure_status": r.status, "measure_message": r.message[:500],
             "step_seconds": (r.result or {}).get("step_seconds")}
@@ -157,7 +169,7 @@ def _one(spec: StepSpec, measure: str, timeout: float, repeats: int) -> dict:
         except Exception as e:  # noqa: BLE001 - one failing row must not stop a sweep
             row.update(status="error", message=f"{type(e).__name__}: {e}"[:500])
     if measure in ("measured", "both"):
-        m = _measured(spec, timeout, repeats)
+        m = _measured(spec, timeout, repeats, row.get("total_bytes"))
         row.update(m)
         if m["measure_status"] != "ok" and row["status"] == "ok":
             row.update(status=m["measure_status"], message=m["measure_message"])
@@ -270,7 +282,9 @@ def sweep(specs: Sequence[StepSpec], *, measure: str = "compiled",
         else:
             result = _one(spec, measure, timeout, repeats)
             result["cached"] = False
-            if path is not None and result["status"] != "error":
+            # Not cached: a failure, or a peak not measured (this process held too much
+            # of the card then, or the device reports none).
+            if path is not None and result["status"] not in ("error", NOT_MEASURED):
                 try:
                     write_text_atomic(path, json.dumps(result, default=str))
                 except OSError as e:  # the row is computed; only its cache is lost

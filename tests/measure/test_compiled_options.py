@@ -1,0 +1,140 @@
+"""A plan-only compile's options follow the platform it targets, and on a GPU leave XLA's
+rematerialization pass out where a plan is for another card's memory."""
+
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from gclab.config import ModelConfig, TaskConfig, WrongType
+from gclab.measure import compiled as mc
+from gclab.sizing import planner, speed
+
+NO_REMAT = {"xla_disable_hlo_passes": "rematerialization"}
+TASK = TaskConfig.from_levels(13)
+PLAN_MODEL = ModelConfig(resolution=4.0, mesh_splits=3, latent_size=64, processor_steps=4)
+#: A T4's allocator limit: 0.75 of what CUDA reports (15,835,660,288 bytes).
+T4_LIMIT = int(0.75 * 15_835_660_288)
+
+
+class FakeGPU:
+    """What JAX says of a T4 (`device_kind`, `platform`, `memory_stats`)."""
+
+    platform = "gpu"
+    device_kind = "Tesla T4"
+    id = 0
+
+    def memory_stats(self):
+        return {"bytes_limit": T4_LIMIT, "bytes_in_use": 0}
+
+
+@pytest.fixture
+def no_flags(monkeypatch):
+    """``XLA_FLAGS`` set nothing, so the options are all returned (tests set some)."""
+    monkeypatch.setenv("XLA_FLAGS", "")
+
+
+@pytest.fixture
+def on_a_gpu(monkeypatch):
+    """JAX's default backend and first device say a T4 (compiles still run on the CPU)."""
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    monkeypatch.setattr(jax, "devices", lambda *a, **k: [FakeGPU()])
+
+
+def test_the_options_follow_the_platform_given_not_the_default_backend(no_flags, on_a_gpu):
+    cpu = dict(mc.PLAN_ONLY_CPU_OPTIONS)
+    assert mc.plan_only_options(platform="cpu") == cpu
+    assert mc.plan_only_options(True, "cpu") == {"xla_backend_optimization_level": 0}
+    assert mc.plan_only_options() is None  # the default backend's: a GPU's
+    assert mc.plan_only_options(platform="gpu") is None
+    assert mc.plan_only_options(platform="tpu") is None
+    with pytest.raises(WrongType, match="plan_only_options platform=0 is invalid: a platform "
+                       "name such as 'cpu' or 'gpu', or None, not an int"):
+        mc.plan_only_options(platform=0)
+
+
+def test_the_platform_is_that_of_the_devices_compiled_for(on_a_gpu):
+    shape = jax.ShapeDtypeStruct((2,), jnp.float32)
+    assert mc.target_platform(shape) == "gpu"  # placed nowhere: the default backend
+    cpu = jax.local_devices(backend="cpu")[0]
+    on_cpu = jax.device_put(np.zeros(2, np.float32), cpu)
+    sharded = jax.ShapeDtypeStruct((2,), jnp.float32,
+                                   sharding=jax.sharding.SingleDeviceSharding(cpu))
+    assert mc.target_platform((shape, {"x": on_cpu})) == "cpu"
+    assert mc.target_platform(shape, sharded) == "cpu"
+    with jax.default_device(cpu):
+        assert mc.target_platform(shape) == "cpu"
+
+
+def test_compiled_memory_compiles_cpu_arrays_with_cpu_options(no_flags, on_a_gpu, monkeypatch):
+    """A machine with a GPU sizes a program on its CPU: the options are XLA:CPU's."""
+    seen = []
+    real = mc.compile_timed
+
+    def compile_timed(*args):
+        seen.append(args[-1])
+        return real(*args)
+
+    monkeypatch.setattr(mc, "compile_timed", compile_timed)
+    x = jax.device_put(np.zeros(8, np.float32), jax.local_devices(backend="cpu")[0])
+    assert mc.compiled_memory(lambda a: (a * 2).sum(), x).total_bytes > 0
+    assert seen == [dict(mc.PLAN_ONLY_CPU_OPTIONS)]
+
+
+def test_a_plan_for_another_card_leaves_xla_remat_out_on_a_gpu_only(no_flags, monkeypatch):
+    with mc.plans_for_another_card():
+        assert mc.plan_only_options(platform="gpu") == NO_REMAT
+        assert mc.plan_only_options(platform="cuda") == NO_REMAT
+        cpu = mc.plan_only_options(platform="cpu")
+        assert cpu == dict(mc.PLAN_ONLY_CPU_OPTIONS) and "xla_disable_hlo_passes" not in cpu
+        with mc.plans_for_another_card(False):
+            assert mc.plan_only_options(platform="gpu") is None
+        # A compile's option replaces the passes XLA_FLAGS disable: it keeps them.
+        monkeypatch.setenv("XLA_FLAGS", "--xla_disable_hlo_passes=fusion")
+        assert mc.plan_only_options(platform="gpu") == {
+            "xla_disable_hlo_passes": "fusion,rematerialization"}
+        monkeypatch.setenv("XLA_FLAGS", "--xla_disable_hlo_passes=rematerialization")
+        assert mc.plan_only_options(platform="gpu") is None
+    monkeypatch.setenv("XLA_FLAGS", "")
+    assert mc.plan_only_options(platform="gpu") is None
+
+
+@pytest.fixture
+def planner_compiles(monkeypatch):
+    """The options each of the planner's compiles would get (`plan_only_options` at the
+    moment it compiles), with a compiled total of one byte."""
+    seen = []
+
+    def train_step_memory(spec):
+        seen.append(mc.plan_only_options())
+        return types.SimpleNamespace(total_bytes=1)
+
+    monkeypatch.setattr(planner, "train_step_memory", train_step_memory)
+    planner._compiled_total.cache_clear()
+    yield seen
+    planner._compiled_total.cache_clear()
+
+
+def _plan(budget):
+    return planner.plan(budget, PLAN_MODEL, TASK, use_compiled=True,
+                        speed=speed.data_sheet("H100"))
+
+
+@pytest.mark.parametrize("budget, options", [
+    ("H100", NO_REMAT),  # another card's budget: XLA:GPU would shrink it towards the T4's
+    ("16GiB", NO_REMAT),
+    ("T4", None),  # the present card: XLA's pass shrinks it as a run here would
+    (T4_LIMIT, None),
+])
+def test_the_planner_on_a_gpu_leaves_xla_remat_out_for_another_card(
+        budget, options, no_flags, on_a_gpu, planner_compiles):
+    assert _plan(budget).source == "compiled"
+    assert planner_compiles and all(o == options for o in planner_compiles), planner_compiles
+
+
+def test_the_planner_on_a_cpu_keeps_its_options(no_flags, planner_compiles):
+    assert _plan("H100").source == "compiled"
+    assert planner_compiles == [dict(mc.PLAN_ONLY_CPU_OPTIONS)] * len(planner_compiles)
+    assert planner_compiles
