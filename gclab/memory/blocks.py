@@ -93,10 +93,17 @@ def merge_blocks(x: jax.Array, n: int, shards: int = 1) -> jax.Array:
 
 def _partial_sums(messages: jax.Array, receivers: jax.Array, num_nodes: int, shards: int,
                   float32: bool) -> jax.Array:
-    """Sums of one block's messages into nodes, one per shard: [D, N, B, L]."""
+    """Sums of one block's messages into nodes, one per shard: [D, N, B, L].
+
+    With `float32`, the sums are float32 (never rounded back to the messages' dtype: a
+    bfloat16 partial sum would round every block's share of a node's sum, and the total
+    would no longer be the float32 sum rounded once); otherwise in the messages' dtype.
+    """
+    if float32:
+        messages = messages.astype(jnp.float32)
     sub = messages.shape[0] // shards
     parts = messages.reshape((shards, sub) + messages.shape[1:])  # [D, bs / D, B, L]
-    return jax.vmap(lambda m, r: aggregate(m, r, num_nodes, float32))(
+    return jax.vmap(lambda m, r: aggregate(m, r, num_nodes, False))(
         parts, receivers.reshape((shards, sub)))  # [D, N, B, L]
 
 
@@ -144,8 +151,8 @@ def blocked_sum(message_fn: Callable, operands: Any, senders: jax.Array, receive
 
     def body(total, x):
         messages = block_messages(operands, *x)
-        partial = _partial_sums(messages, x[1], num_nodes, shards, True)
-        return mark_shards(total + partial.astype(jnp.float32)), None
+        partial = _partial_sums(messages, x[1], num_nodes, shards, True)  # float32
+        return mark_shards(total + partial), None
 
     init = mark_shards(_zeros((shards, num_nodes) + tuple(latent_shape), jnp.float32,
                               (operands, extra)))

@@ -38,7 +38,22 @@ PRECISIONS = ("f32", "bf16")
 ACTIVATION_BYTES = {"f32": 4, "bf16": 2}
 REMAT_SPEC_HELP = (
     "none | step | every:K | nested:K | ratio:R (K an integer >= 1, R in [0, 1]), optionally "
-    "followed by ',policy=NAME' with NAME one of " + ", ".join(REMAT_POLICIES))
+    "followed by ',policy=NAME' with NAME one of " + ", ".join(REMAT_POLICIES)
+    + " (not after none or ratio:0, which checkpoint no step)")
+
+
+def unread_remat_fields(kind: str, ratio: float) -> tuple:
+    """The processor remat parameters that processor remat `kind` (with `remat_ratio`
+    `ratio`) does not read: `remat_group_size` but for `every` and `nested`, `remat_ratio`
+    but for `ratio`, and `remat_policy` where no step is checkpointed (`none`, `ratio:0`)."""
+    unread = []
+    if kind not in ("every", "nested"):
+        unread.append("remat_group_size")
+    if kind != "ratio":
+        unread.append("remat_ratio")
+    if kind == "none" or (kind == "ratio" and ratio == 0):
+        unread.append("remat_policy")
+    return tuple(unread)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,9 +64,12 @@ class MemoryConfig:
       processor_remat: `none`, `step`, `every`, `nested` or `ratio` (see module table).
         Checkpointing every step roughly makes the backward pass of the processor two
         times more expensive in FLOPs and removes all but its step boundaries from memory.
-      remat_group_size: k for `every` and `nested` (the GraphCast authors used 3).
-      remat_ratio: r for `ratio`: the first ceil(r * S) steps are checkpointed.
-      remat_policy: what checkpointed code may save (`nothing` saves least).
+      remat_group_size: k for `every` and `nested` (the GraphCast authors used 3); the
+        default 1 for the other kinds, which have no groups.
+      remat_ratio: r for `ratio`: the first ceil(r * S) steps are checkpointed; the
+        default 1.0 for the other kinds.
+      remat_policy: what checkpointed code may save (`nothing` saves least); `nothing`
+        where no step is checkpointed (`none`, `ratio` with r = 0).
       checkpoint_encoder: one checkpoint around the whole encoder (grid2mesh GNN).
       checkpoint_decoder: one checkpoint around the whole decoder (mesh2grid GNN).
       edge_block_size: encoder/decoder edges per block (None: no blocks). Smaller blocks
@@ -105,6 +123,19 @@ class MemoryConfig:
         if not isinstance(self.remat_policy, str) or self.remat_policy not in REMAT_POLICIES:
             invalid(self, "remat_policy", "one of " + ", ".join(REMAT_POLICIES),
                     wrong_kind=not isinstance(self.remat_policy, str))
+        # A parameter the processor remat does not read would be kept and shown, and do
+        # nothing: each must keep its default.
+        kind, unread = self.processor_remat, unread_remat_fields(self.processor_remat, r)
+        if "remat_group_size" in unread and self.remat_group_size != 1:
+            invalid(self, "remat_group_size", f"1 (the default) with processor_remat={kind!r}: "
+                    "only every and nested run groups of steps")
+        if "remat_ratio" in unread and r != 1:
+            invalid(self, "remat_ratio", f"1.0 (the default) with processor_remat={kind!r}: "
+                    "only ratio reads it")
+        if "remat_policy" in unread and self.remat_policy != "nothing":
+            invalid(self, "remat_policy", f"'nothing' (the default) with processor_remat={kind!r}"
+                    + (" and remat_ratio=0" if kind == "ratio" else "")
+                    + ": no processor step is checkpointed, so no policy applies")
         for field in ("checkpoint_encoder", "checkpoint_decoder", "processor_edge_blocks",
                       "gather_after_matmul", "float32_aggregation", "rollout_remat", "donate",
                       "stream_grid_nodes", "recompute_layer_norm"):
@@ -128,6 +159,19 @@ class MemoryConfig:
                           ("remat_ratio",))
 
     def replace(self, **changes) -> "MemoryConfig":
+        """A copy with `changes`.
+
+        The processor remat's parameters (`remat_group_size`, `remat_ratio`,
+        `remat_policy`) that `changes` does not name and that the new processor remat does
+        not read (`unread_remat_fields`) go back to their defaults, so that
+        `replace(processor_remat="none")` of a `nested:4,policy=dots` config is plain
+        `none`; those `changes` names are checked as given.
+        """
+        kind = changes.get("processor_remat", self.processor_remat)
+        ratio = changes.get("remat_ratio", self.remat_ratio)
+        if isinstance(kind, str) and kind in REMAT_KINDS and is_number(ratio):
+            for field in unread_remat_fields(kind, ratio):
+                changes.setdefault(field, _DEFAULTS[field])
         return dataclasses.replace(self, **changes)
 
     @property
@@ -154,6 +198,8 @@ class MemoryConfig:
             return min(steps, math.ceil(self.remat_ratio * steps - 1e-9))
         return steps
 
+
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(MemoryConfig)}
 
 _SPEC = re.compile(r"^(none|step|every|nested|ratio)(?::([^,]+))?(?:,policy=([\w-]+))?$")
 

@@ -62,6 +62,10 @@ def step_scope(offset: int, stride: int = 1) -> str:
 def scan_steps(step: Callable, carry: Any, stacked: Any, mem: MemoryConfig):
     """Runs S stacked steps as scans, with the processor remat of `mem`.
 
+    A group size above S (`every:K`, `nested:K`) is one group of all S steps: a recipe's
+    group on a short model, or a pipeline stage shorter than a group (the command line
+    refuses such a `--remat` typed for a whole processor).
+
     Args:
       step: `(carry, params_of_one_step) -> (carry, None)`.
       carry: the state the steps update (e.g. mesh-node and edge latents).

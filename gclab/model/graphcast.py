@@ -626,8 +626,16 @@ def pipelined_forward(P: dict, graph: GraphInputs, inputs: Array, mem: MemoryCon
     return jnp.moveaxis(outs, 0, 2).reshape(ng, batch, -1)  # [Ng, B, O]
 
 
+class Network(hk.Transformed):
+    """`make_network`'s transform: an `hk.Transformed` that also carries, as `memory`, the
+    `MemoryConfig` its `apply` computes under (the training step checks that its own
+    memory techniques are these, `gclab.training.step.check_memory`)."""
+
+    memory: MemoryConfig
+
+
 def make_network(model: ModelConfig, data_channels: int, output_channels: int,
-                 memory: Optional[MemoryConfig] = None) -> hk.Transformed:
+                 memory: Optional[MemoryConfig] = None) -> Network:
     """The GraphCast network as a Haiku transform without apply RNG.
 
     Args:
@@ -640,7 +648,8 @@ def make_network(model: ModelConfig, data_channels: int, output_channels: int,
 
     Returns:
       `net` with `net.init(rng, graph, inputs)` and `net.apply(params, graph, inputs)`,
-      `inputs` [Ng, B, C] -> outputs [Ng, B, O] float32.
+      `inputs` [Ng, B, C] -> outputs [Ng, B, O] float32; `net.memory` is the
+      `MemoryConfig` it was built with (`MemoryConfig()` for None).
 
     Raises:
       ValueError: a channel count below 1; `WrongType` (a TypeError too) for a channel
@@ -671,7 +680,9 @@ def make_network(model: ModelConfig, data_channels: int, output_channels: int,
         with recomputed_layer_norms(mem.recompute_layer_norm):
             return graphcast_forward(P, graph, inputs, mem)
 
-    return hk.without_apply_rng(hk.transform(forward))
+    net = Network(*hk.without_apply_rng(hk.transform(forward)))
+    net.memory = mem
+    return net
 
 
 def make_stage_network(model: ModelConfig, data_channels: int, output_channels: int,

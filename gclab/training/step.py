@@ -43,6 +43,7 @@ from gclab.config import (
     invalid,
     is_int,
     is_number,
+    require_count,
     require_kind,
 )
 from gclab.memory.config import MemoryConfig
@@ -183,7 +184,13 @@ def rollout_loss(params, graph, example: Example, *, net: hk.Transformed, task: 
 
     Returns:
       float32 scalar loss.
+
+    Raises:
+      ValueError: `example` has other than `rollout` steps, or `memory` differs from the
+        memory `net` was built with (`check_memory`).
     """
+    check_memory("rollout_loss", net, memory)
+    rollout = require_count("rollout", rollout, 1, "rollout_loss")
     if example.targets.shape[0] != rollout:
         raise ValueError(f"example has {example.targets.shape[0]} target steps, "
                          f"rollout is {rollout}")
@@ -222,14 +229,56 @@ def rollout_loss(params, graph, example: Example, *, net: hk.Transformed, task: 
     return (jnp.sum(losses) + last_step(inputs, summed, example.targets[-1])) / rollout
 
 
+#: The `MemoryConfig` fields the training step applies itself; the network reads every
+#: other field (`check_memory`).
+STEP_MEMORY_FIELDS = ("rollout_remat", "microbatches", "donate")
+
+
+def check_memory(caller: str, net: Any, memory: MemoryConfig) -> MemoryConfig:
+    """`memory`, if it is a `MemoryConfig` that `net` computes under.
+
+    A network from `gclab.model.make_network` carries the `MemoryConfig` it was built with
+    (`net.memory`), and applies every field but `STEP_MEMORY_FIELDS` itself: a step given
+    other values of those would claim techniques (precision, remat, edge blocks) that
+    never run. A network without `memory` (one built otherwise) is not checked.
+
+    Raises:
+      WrongType: `memory` is no `MemoryConfig`.
+      ValueError: `memory` differs from `net.memory` in a field the network reads.
+    """
+    require_kind("memory", memory, MemoryConfig, caller=caller)
+    built = getattr(net, "memory", None)
+    if not isinstance(built, MemoryConfig):
+        return memory
+    differ = [f.name for f in dataclasses.fields(MemoryConfig)
+              if f.name not in STEP_MEMORY_FIELDS
+              and getattr(memory, f.name) != getattr(built, f.name)]
+    if differ:
+        def shown(config):
+            return ", ".join(f"{name}={getattr(config, name)!r}" for name in differ)
+
+        raise ValueError(
+            f"{caller} memory is invalid: it has {shown(memory)}, the network was built "
+            f"with {shown(built)}; build the network with the step's MemoryConfig "
+            f"(make_network(..., memory)): only {', '.join(STEP_MEMORY_FIELDS)} may differ")
+    return memory
+
+
 def _split_batch(example: Example, k: int) -> Example:
-    """[..., B, ...] -> [k, ..., B/k, ...] along each field's batch axis."""
+    """[..., B, ...] -> [k, ..., B/k, ...] along each field's batch axis, by stride.
+
+    Micro-batch m holds the samples m, m + k, m + 2k, ... (sample i goes to micro-batch
+    i % k, as the pipeline's micro-batches do, `gclab.model.graphcast.pipelined_forward`):
+    with the batch split over the `data` axis (each device a contiguous range of samples),
+    every micro-batch keeps each device's share, so the split moves no sample between
+    devices (contiguous micro-batches would be resharded, an all-to-all, every step).
+    """
     def split(a, axis):
         b = a.shape[axis]
         if b % k:
             raise ValueError(f"batch {b} is not divisible by microbatches={k}")
-        a = a.reshape(a.shape[:axis] + (k, b // k) + a.shape[axis + 1:])
-        return jnp.moveaxis(a, axis, 0)
+        a = a.reshape(a.shape[:axis] + (b // k, k) + a.shape[axis + 1:])
+        return jnp.moveaxis(a, axis + 1, 0)
 
     return Example(split(example.inputs, 1), split(example.targets, 2),
                    split(example.forcings, 2))
@@ -240,7 +289,8 @@ def loss_and_grad(params, graph, example: Example, *, memory: MemoryConfig,
     """Loss and gradients, accumulated over `memory.microbatches` micro-batches.
 
     With k = `memory.microbatches` > 1 the batch axis (axis 1 of node arrays) is split into
-    k micro-batches of B / k samples, run one after another in a `lax.scan` (activations
+    k micro-batches of B / k samples (every k-th sample: micro-batch m holds the samples
+    i with i % k = m, see `_split_batch`), run one after another in a `lax.scan` (activations
     of B / k samples live at a time; gradients accumulate in one float32 copy of the
     parameters). The loss is a mean over the batch, so the mean of the micro-batch losses
     and gradients equals the full-batch loss and gradient.
@@ -257,8 +307,11 @@ def loss_and_grad(params, graph, example: Example, *, memory: MemoryConfig,
       `(loss, grads)`: float32 scalar and a gradient tree like `params`.
 
     Raises:
-      ValueError: if B is not divisible by `memory.microbatches`.
+      ValueError: if B is not divisible by `memory.microbatches`, or `memory` differs from
+        the memory the network was built with (`check_memory`); `WrongType` for a
+        `memory` that is no `MemoryConfig`.
     """
+    check_memory("loss_and_grad", loss_kw.get("net"), memory)
     grad_fn = jax.value_and_grad(functools.partial(rollout_loss, memory=memory, **loss_kw))
     k = memory.microbatches
     if k == 1:
@@ -294,14 +347,20 @@ def train_step_fn(net: hk.Transformed, optimizer: optax.GradientTransformation,
       optimizer: from `make_optimizer`.
       task: channel layout.
       memory: memory techniques (`rollout_remat`, `microbatches` act here; `donate` in
-        `make_train_step`).
+        `make_train_step`); every other field must be the network's (`check_memory`).
       rollout: T, autoregressive steps per example.
       weights: `(node weights [Ng], channel weights [O])` from `gclab.training.losses.loss_weights`.
       residual_scale: [O] `Normalization.residual_scale` (see `next_inputs`).
 
     Returns:
       `step(state, graph, example) -> (state, {"loss", "grad_norm"})`.
+
+    Raises:
+      WrongType: `memory` is no `MemoryConfig`.
+      ValueError: `memory` differs from the network's in a field the network reads.
     """
+    check_memory("train_step_fn", net, memory)
+    rollout = require_count("rollout", rollout, 1, "train_step_fn")
 
     def step(state: TrainState, graph, example: Example):
         loss, grads = loss_and_grad(state.params, graph, example, memory=memory, net=net,
@@ -323,7 +382,9 @@ def make_train_step(net: hk.Transformed, optimizer: optax.GradientTransformation
 
     Donation lets the updated parameters and optimizer state reuse the old buffers (about
     3 x 4 bytes per parameter saved at the peak, no compute cost); the `state` passed in is
-    deleted and must not be used again. Arguments as in `train_step_fn`.
+    deleted and must not be used again. Arguments (and errors) as in `train_step_fn`.
     """
+    check_memory("make_train_step", net, memory)
+    require_count("rollout", rollout, 1, "make_train_step")
     fn = train_step_fn(net, optimizer, task, memory, rollout, weights, residual_scale)
     return jax.jit(fn, donate_argnums=(0,) if memory.donate else ())

@@ -8,9 +8,9 @@ import numpy as np
 import optax
 import pytest
 
-from gclab.config import ModelConfig, TaskConfig
+from gclab.config import ModelConfig, TaskConfig, WrongType
 from gclab.geometry import build_graphs
-from gclab.memory import MemoryConfig
+from gclab.memory import MemoryConfig, get_recipe
 from gclab.model import graph_inputs, make_network
 from gclab.training import (
     SyntheticWeather,
@@ -29,6 +29,8 @@ from gclab.training import (
     train_step_fn,
     weighted_mse,
 )
+from gclab.training.examples import Example
+from gclab.training.step import _split_batch
 
 TASK = TaskConfig(pressure_levels=(500, 850))
 CFG = ModelConfig(resolution=10.0, mesh_splits=1, latent_size=16, processor_steps=2)
@@ -223,6 +225,32 @@ def test_microbatches_equal_the_full_batch_gradient(world, baseline):
     assert _max_rel(g1, g0) <= 1e-5
 
 
+def test_microbatches_take_every_kth_sample():
+    """Micro-batch m holds the samples i with i % k = m: with the batch split over `data`
+    (each device a contiguous range), every micro-batch keeps each device's share."""
+    B, k = 8, 4
+    ex = Example(jnp.arange(B)[None, :, None] * jnp.ones((3, 1, 2)),  # [Ng, B, C]
+                 jnp.arange(B)[None, None, :, None] * jnp.ones((2, 3, 1, 1)),  # [T, Ng, B, O]
+                 jnp.arange(B)[None, None, :, None] * jnp.ones((2, 3, 1, 5)))  # [T, Ng, B, 5]
+    micro = _split_batch(ex, k)
+    assert micro.inputs.shape == (k, 3, B // k, 2)
+    assert micro.targets.shape == (k, 2, 3, B // k, 1)
+    assert micro.forcings.shape == (k, 2, 3, B // k, 5)
+    for m in range(k):
+        samples = np.arange(m, B, k)  # [B / k]
+        np.testing.assert_array_equal(micro.inputs[m, 0, :, 0], samples)
+        np.testing.assert_array_equal(micro.targets[m, 1, 2, :, 0], samples)
+        np.testing.assert_array_equal(micro.forcings[m, 0, 1, :, 4], samples)
+
+
+@pytest.mark.parametrize("k", [2, 4])
+def test_strided_microbatches_keep_the_full_batch_loss_to_float32_rounding(world, baseline, k):
+    loss0, g0 = baseline
+    loss1, g1 = _loss_grads(world, MemoryConfig(microbatches=k))
+    assert float(loss1) == pytest.approx(float(loss0), rel=1e-6)
+    assert _max_rel(g1, g0) <= 1e-6
+
+
 def test_microbatches_must_divide_the_batch(world):
     with pytest.raises(ValueError, match="divisible by microbatches=3"):
         _loss_grads(world, MemoryConfig(microbatches=3))
@@ -237,6 +265,87 @@ def test_no_donation_unless_asked(world):
              for d in (False, True)]
     assert "tf.aliasing_output" not in texts[0] and "jax.buffer_donor" not in texts[0]
     assert "tf.aliasing_output" in texts[1] or "jax.buffer_donor" in texts[1]
+
+
+# ----------------------------------------------------------------------------------------
+# The step's memory techniques are the network's.
+
+
+def _step_callers(world, memory):
+    """Each function that takes the step's memory, called with the world's network."""
+    opt, graph, ex = make_optimizer(TrainConfig()), world["graph"], world["example"]
+    kw, params = world["kw"], world["params"]
+    return {
+        "make_train_step": lambda: make_train_step(world["net"], opt, TASK, memory, 2,
+                                                   kw["weights"]),
+        "train_step_fn": lambda: train_step_fn(world["net"], opt, TASK, memory, 2,
+                                               kw["weights"]),
+        "loss_and_grad": lambda: loss_and_grad(params, graph, ex, memory=memory, rollout=2,
+                                               **kw),
+        "rollout_loss": lambda: rollout_loss(params, graph, ex, memory=memory, rollout=2, **kw),
+    }
+
+
+def test_the_network_carries_the_memory_it_was_built_with(world):
+    lean = get_recipe("lean", "bf16")
+    assert make_network(CFG, TASK.data_channels, TASK.output_channels, lean).memory == lean
+    assert world["net"].memory == MemoryConfig()  # built without one: the baseline
+
+
+@pytest.mark.parametrize("caller", ["make_train_step", "train_step_fn", "loss_and_grad",
+                                    "rollout_loss"])
+@pytest.mark.parametrize("memory,words", [
+    # The world's network is float32 without techniques: a bfloat16 or remat step on it
+    # ran float32 without them, and reported what it had been given.
+    (MemoryConfig(precision="bf16"), "it has precision='bf16', the network was built with "
+                                     "precision='f32';"),
+    (MemoryConfig(processor_remat="step", microbatches=2),
+     "it has processor_remat='step', the network was built with processor_remat='none';"),
+    (MemoryConfig(edge_block_size=64), "edge_block_size=64, the network was built with "
+                                       "edge_block_size=None"),
+])
+def test_a_memory_the_network_does_not_apply_is_refused(world, caller, memory, words):
+    with pytest.raises(ValueError) as e:
+        _step_callers(world, memory)[caller]()
+    text = str(e.value)
+    assert text.startswith(f"{caller} memory is invalid: ") and words in text, text
+    assert "\n" not in text and "only rollout_remat, microbatches, donate may differ" in text
+
+
+@pytest.mark.parametrize("caller", ["make_train_step", "train_step_fn", "loss_and_grad",
+                                    "rollout_loss"])
+@pytest.mark.parametrize("memory,kind", [("lean", "a str"), (None, "None")])
+def test_a_memory_of_the_wrong_kind_is_named(world, caller, memory, kind):
+    with pytest.raises(WrongType, match=re.escape(
+            f"{caller} memory={memory!r} is invalid: a MemoryConfig, not {kind}")):
+        _step_callers(world, memory)[caller]()
+
+
+def test_the_fields_the_step_applies_may_differ_from_the_network(world):
+    memory = MemoryConfig(rollout_remat=True, microbatches=2, donate=True)
+    for caller in ("make_train_step", "train_step_fn"):
+        assert callable(_step_callers(world, memory)[caller]())
+    # A network built with bfloat16 takes a bfloat16 step, whatever its step-only fields.
+    net = make_network(CFG, TASK.data_channels, TASK.output_channels,
+                       MemoryConfig(precision="bf16", microbatches=4))
+    opt = make_optimizer(TrainConfig())
+    assert callable(make_train_step(net, opt, TASK, MemoryConfig(precision="bf16"), 1,
+                                    world["kw"]["weights"]))
+    with pytest.raises(ValueError, match="it has precision='f32', the network was built "
+                                         "with precision='bf16'"):
+        make_train_step(net, opt, TASK, MemoryConfig(), 1, world["kw"]["weights"])
+
+
+@pytest.mark.parametrize("rollout", [0, -1, 1.5])
+def test_a_rollout_below_one_step_is_refused(world, rollout):
+    opt, kw = make_optimizer(TrainConfig()), world["kw"]
+    for caller, make in (("make_train_step", make_train_step), ("train_step_fn", train_step_fn)):
+        with pytest.raises(ValueError, match=re.escape(
+                f"{caller} rollout={rollout!r} is invalid: an integer >= 1")):
+            make(world["net"], opt, TASK, MemoryConfig(), rollout, kw["weights"])
+    with pytest.raises(ValueError, match="rollout_loss rollout="):
+        rollout_loss(world["params"], world["graph"], world["example"], memory=MemoryConfig(),
+                     rollout=rollout, **kw)
 
 
 # ----------------------------------------------------------------------------------------
