@@ -143,6 +143,19 @@ SENSELESS = [
      ["--parallel microbatches:2: microbatches:2 is invalid without a pipeline",
       "pipeline:P with P >= 2"]),
     (["memory", *TINY_NET, "--parallel", "data:0"], ["--parallel data:0: data:0 is invalid"]),
+    (["memory", *TINY_NET, "--parallel", "pipeline:99999999999"],
+     ["--parallel pipeline:99999999999: pipeline:99999999999 is invalid: an integer >= 1"]),
+    (["train", *TINY_NET, "--train-steps", "1", "--parallel", "pipeline:99999999999"],
+     ["--parallel pipeline:99999999999: pipeline:99999999999 is invalid: an integer >= 1"]),
+    (["memory", *TINY_NET, "--parallel", "pipeline:99999999999,microbatches:2"],
+     ["--parallel pipeline:99999999999,microbatches:2: pipeline:99999999999 is invalid: an "
+      "integer >= 1"]),
+    (["memory", *TINY_NET, "--parallel", "stage-steps:2/2"],
+     ["--parallel stage-steps:2/2: stage-steps:2/2 is invalid without a pipeline",
+      "pipeline:P with P >= 2"]),
+    (["memory", *TINY_NET, "--parallel", "data:2,data:2"],
+     ["--parallel data:2,data:2: data is given twice (data:2 and data:2): each axis or item "
+      "at most once"]),
     (["memory", *TINY_NET, "--parallel", "spatial:2,mesh-nodes:whole"],
      ["mesh-nodes:whole is invalid: one of split, replicated"]),
     (["memory", *TINY_NET, "--parallel", "pipeline:2,stage-steps:1/1,stage-remat:2/0"],
@@ -609,6 +622,20 @@ def test_a_sidecar_of_the_wrong_shape_is_named(text, words, tmp_path, capsys, no
     assert f"{sidecar}: " in err and words in err
 
 
+def test_a_mesh2grid_normalization_too_small_for_float32_is_one_line(tmp_path, capsys):
+    # Allowed by ModelConfig (finite, > 0), but the mesh2grid features of this geometry
+    # would be inf in float32: refused when the graphs are built, by name, in one line.
+    path = tmp_path / "fx.npz"
+    np.savez(path, **_fixture_arrays())
+    sidecar = json.loads((DATA / "official_tiny.json").read_text())
+    sidecar["config"]["mesh2grid_edge_normalization_factor"] = 1e-40
+    path.with_suffix(".json").write_text(json.dumps(sidecar))
+    assert cli.main(["reference", str(path)]) == 2
+    err = one_line_error(capsys, "reference")
+    assert ("mesh2grid_edge_normalization_factor=1e-40 is invalid: None or a number >= "
+            "9.29e-40") in err and "stay finite in float32" in err
+
+
 def test_unreadable_fixture_files(tmp_path, capsys, no_work):
     path = tmp_path / "fx.npz"
     np.savez_compressed(path, **_fixture_arrays())
@@ -932,6 +959,10 @@ API = [
      "official_tiny.json: JSON of the wrong shape (not a list)"),
     (lambda: guarded_grid([], repeats=True), "repeats=True is invalid: an integer >= 1"),
     (lambda: guarded_grid([], usable=0), "guarded_grid usable=0 is invalid"),
+    # A factor so small that the mesh2grid features would be inf in float32.
+    (lambda: graphs_lib.build_graphs(30.0, 1, mesh2grid_edge_normalization_factor=1e-40,
+                                     cache=False),
+     "mesh2grid_edge_normalization_factor=1e-40 is invalid: None or a number >= 1.83e-39"),
 ]
 
 

@@ -25,6 +25,8 @@ from gclab.geometry.grid_mesh import lat_lon_to_xyz
 
 # Edges processed per chunk (bounds float64 temporaries to a few hundred MB).
 _EDGE_CHUNK = 1 << 19
+#: The largest float32: a feature beyond it would be stored as inf.
+FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 def node_features(lat: np.ndarray, lon: np.ndarray) -> np.ndarray:
@@ -103,6 +105,7 @@ def edge_features(
     senders: np.ndarray,
     receivers: np.ndarray,
     normalization: Optional[float] = None,
+    name: str = "normalization",
 ) -> tuple[np.ndarray, float]:
     """Normalised structural edge features.
 
@@ -112,14 +115,27 @@ def edge_features(
       senders: [E] indices into the sender node set.
       receivers: [E] indices into the receiver node set.
       normalization: divisor N; None uses the longest edge ``max |d|``.
+      name: what the error names N (the config field it comes from).
 
     Returns:
       features: [E, 4] float32 ``[|d|, d_x, d_y, d_z] / N``.
       normalization: the N used (float).
+
+    Raises:
+      ValueError: an N so small that the features would not be finite in float32
+        (``max |d| / N`` above `FLOAT32_MAX`); the message names `name` and the least N.
     """
     raw = raw_edge_features(sender_lat, sender_lon, receiver_lat, receiver_lon,
                             senders, receivers)  # [E, 4] float64
+    longest = float(raw[:, 0].max()) if raw.shape[0] else 0.0
     if normalization is None:
-        normalization = float(raw[:, 0].max()) if raw.shape[0] else 1.0
+        normalization = longest if raw.shape[0] else 1.0
+    elif longest > normalization * FLOAT32_MAX:  # |d_x|, |d_y|, |d_z| <= |d|
+        # Shown in 3 digits, rounded up: the number given is large enough.
+        least = float(f"{longest / FLOAT32_MAX * 1.01:.3g}")
+        raise ValueError(f"{name}={normalization!r} is invalid: None or a number >= {least:g} "
+                         f"(the longest edge, {longest:.4g}, divided by float32's largest "
+                         f"number, {FLOAT32_MAX:.4g}), so that the edge features it divides "
+                         "stay finite in float32")
     raw /= normalization
     return raw.astype(np.float32), float(normalization)

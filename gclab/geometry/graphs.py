@@ -154,8 +154,8 @@ def _build(resolution: float, mesh_splits: int, fraction: float,
     m2g_s, m2g_r = grid_mesh.mesh2grid_edges(grid_xyz, mesh_xyz32, mm.finest_faces)
     del grid_xyz
 
-    def edge_set(s, r, sender_ll, receiver_ll, norm=None) -> EdgeSet:
-        feats, used = features_lib.edge_features(*sender_ll, *receiver_ll, s, r, norm)
+    def edge_set(s, r, sender_ll, receiver_ll, norm=None, name="normalization") -> EdgeSet:
+        feats, used = features_lib.edge_features(*sender_ll, *receiver_ll, s, r, norm, name)
         return EdgeSet(s.astype(np.int32), r.astype(np.int32), feats, used)
 
     grid_ll = (node_lat, node_lon)
@@ -172,7 +172,10 @@ def _build(resolution: float, mesh_splits: int, fraction: float,
         mesh_node_xyz=mesh_xyz32,
         grid2mesh=edge_set(g2m_s, g2m_r, grid_ll, mesh_ll),
         mesh=edge_set(mm.senders, mm.receivers, mesh_ll, mesh_ll),
-        mesh2grid=edge_set(m2g_s, m2g_r, mesh_ll, grid_ll, m2g_normalization),
+        # A factor too small for finite float32 features is refused here, named, before
+        # anything is cached (grid2mesh and mesh features use their longest edge).
+        mesh2grid=edge_set(m2g_s, m2g_r, mesh_ll, grid_ll, m2g_normalization,
+                           "mesh2grid_edge_normalization_factor"),
     )
 
 

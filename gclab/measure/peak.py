@@ -7,10 +7,11 @@
   - off the CPU (GPU, TPU), `device.memory_stats()['peak_bytes_in_use']`: the most bytes
     allocated at once out of the allocator's pool (blocks, not the pool: preallocation
     does not change it). The child sets ``XLA_PYTHON_CLIENT_PREALLOCATE=false`` before
-    JAX starts, so that it reserves only what it allocates and `nvidia-smi` agrees with
-    the counter. A device whose stats hold no such reading (`device_peak_available`:
-    None on Apple's METAL, no key, or -1) gives status ``'not measured'`` and no peak:
-    host memory is never reported as a device's peak;
+    JAX starts, so that it reserves only what it allocates (its pool grows in regions, so
+    `nvidia-smi` shows somewhat more than the counter). A device whose stats hold no
+    such reading (`device_peak_available`: None on Apple's METAL, no key, or -1) gives
+    status ``'not measured'`` and no peak: host memory is never reported as a device's
+    peak;
   - on CPU (where `memory_stats()` is None), the peak heap seen by `memray.Tracker`
     during the workload, plus the process's peak resident set size
     (`VmHWM` on Linux, else `getrusage(RUSAGE_SELF).ru_maxrss`).

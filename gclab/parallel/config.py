@@ -194,31 +194,40 @@ def parse_parallel_spec(spec: str) -> ParallelConfig:
     """A `ParallelConfig` from a spec such as `data:2,spatial:4`.
 
     Raises:
-      ValueError: a malformed spec or an axis named twice (the message lists what is
-        accepted), or an invalid size (a `ConfigError` naming the field; `spec_error` says
+      ValueError: a malformed spec (the message lists what is accepted), an item given
+        twice (named), or an invalid size (a `ConfigError` naming the field; `spec_error` says
         it in the spec's words).
     """
     return ParallelConfig(**_spec_sizes(spec))
 
 
 def _spec_sizes(spec: str) -> dict:
-    """`ParallelConfig`'s fields as a well-formed spec gives them (not yet checked)."""
+    """`ParallelConfig`'s fields as a well-formed spec gives them (not yet checked).
+
+    Raises:
+      ValueError: a malformed spec (the message lists what is accepted), or an item given
+        twice (named).
+    """
     sizes: dict = {}
     items = spec.split(",") if isinstance(spec, str) and spec.strip() else [None]
     for item in items:
         m = _ITEM.match(item) if item is not None else None
         mesh = _MESH_ITEM.match(item) if item is not None and m is None else None
-        if mesh is not None and "mesh_nodes" not in sizes:
-            sizes["mesh_nodes"] = mesh.group(1)
-            continue
         stages = _STAGES_ITEM.match(item) if item is not None and m is None else None
-        field = stages.group(1).replace("-", "_") if stages is not None else None
-        if stages is not None and field not in sizes:
-            sizes[field] = tuple(int(n) for n in stages.group(2).split("/"))
-            continue
-        if m is None or m.group(1) in sizes:
+        if m is not None:
+            field, value = m.group(1), int(m.group(2))
+        elif mesh is not None:
+            field, value = "mesh_nodes", mesh.group(1)
+        elif stages is not None:
+            field = stages.group(1).replace("-", "_")
+            value = tuple(int(n) for n in stages.group(2).split("/"))
+        else:
             raise ValueError(f"malformed parallel spec {spec!r}; accepted: {PARALLEL_SPEC_HELP}")
-        sizes[m.group(1)] = int(m.group(2))
+        if field in sizes:
+            raise ValueError(f"{field.replace('_', '-')} is given twice ("
+                             f"{_spec_item(field, sizes[field])} and {_spec_item(field, value)}):"
+                             " each axis or item at most once")
+        sizes[field] = value
     return sizes
 
 
@@ -232,8 +241,14 @@ def spec_error(spec: str, error: ConfigError) -> str:
     """`parse_parallel_spec(spec)`'s `error` in the spec's words (`stage-steps:2 is invalid:
     ...`), for a command line, whose user wrote a spec, not `ParallelConfig`'s fields."""
     sizes, field = _spec_sizes(spec), error.field
-    if field == "pipeline" and sizes.get("pipeline", 1) >= 1:  # an item only a pipeline has
-        given = next(f for f in ("microbatches", "stage_steps", "stage_remat") if f in sizes)
+    # Items only a pipeline has, with no pipeline (pipeline:1, given or left out): say so
+    # first, whatever else is wrong with them (stage-steps:2/2 has one stage too many, as
+    # pipeline:1 counts them). A microbatches size out of range is named as such.
+    piped = [f for f in sizes if f in ("stage_steps", "stage_remat")
+             or f == "microbatches" and sizes[f] != 1]
+    if sizes.get("pipeline", 1) == 1 and piped and field in ("pipeline", "stage_steps",
+                                                               "stage_remat"):
+        given = field if field in piped else piped[0]
         return (f"{_spec_item(given, sizes[given])} is invalid without a pipeline: it needs "
                 "pipeline:P with P >= 2")
     item = _spec_item(field, sizes[field])

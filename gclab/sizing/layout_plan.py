@@ -35,6 +35,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Optional, Union
 
+import jax
+
 from gclab.config import ModelConfig, TaskConfig, require_kind
 from gclab.devices import FIT_MARGIN, fits
 from gclab.geometry.graphs import graphs_for
@@ -123,7 +125,7 @@ def predicted_seconds(spec: StepSpec, collective_bytes: int, speed: CardSpeed,
 
 
 def _pipeline_candidates(model, task, devices, batch, rollout, precision, recipes, usable,
-                         speed, graphs):
+                         speed, graphs, targets=None):
     """Rows of the data x pipeline layouts: each recipe's techniques with the processor remat
     of every stage and the step split chosen by `gclab.sizing.pipeline_plan` (one sample per
     micro-batch), checked by compiling the whole step on the layout.
@@ -174,7 +176,7 @@ def _pipeline_candidates(model, task, devices, batch, rollout, precision, recipe
                 continue
             spec = StepSpec(model, task, memory, batch=batch, rollout=rollout,
                             parallel=choice.layout)
-            step = compile_train_step(spec, graphs)
+            step = compile_train_step(spec, graphs, devices=targets)
             need = step.memory.total_bytes
             coll = int(step.memory.collective_bytes)
             ticks = lay.microbatches + lay.pipeline - 1
@@ -187,6 +189,28 @@ def _pipeline_candidates(model, task, devices, batch, rollout, precision, recipe
                    "stages": choice.milp.to_dict()}, spec, seconds
 
 
+def compile_devices(n: int) -> list:
+    """The `n` devices a layout of `n` is compiled on: the default backend's where it has that
+    many (a machine of eight GPUs), else the simulated CPU devices (a machine with one GPU
+    plans eight-device layouts on its CPU, as chapter 8 does).
+
+    Raises:
+      ValueError: neither backend has `n` devices (one line: how to get simulated ones).
+    """
+    found = jax.devices()
+    if len(found) >= n:
+        return found[:n]
+    cpu = jax.devices("cpu")
+    if len(cpu) >= n:
+        return cpu[:n]
+    have = (f"{len(cpu)} cpu" if jax.default_backend() == "cpu"
+            else f"{len(found)} {jax.default_backend()}, {len(cpu)} cpu")
+    raise ValueError(f"plan_layout: devices={n} is more than this process has "
+                     f"({have}): ask for "
+                     f"{n} simulated CPU devices before JAX starts "
+                     "(gclab.parallel.use_cpu_devices, or gclab plan --devices)")
+
+
 def plan_layout(budget: Union[int, float, str], model: ModelConfig, task: TaskConfig,
                 devices: int, *, batch: int = 1, rollout: int = 1, precision: str = "f32",
                 recipes: Optional[list[str]] = None) -> LayoutPlan:
@@ -196,8 +220,9 @@ def plan_layout(budget: Union[int, float, str], model: ModelConfig, task: TaskCo
       budget: usable memory per device: bytes, a string such as '60GB', or a card of
         `gclab.devices.CARDS` (its usable memory).
       model, task: the model.
-      devices: the number of devices (simulated CPU devices on a CPU: the process must
-        offer at least this many, see `gclab.parallel.use_cpu_devices`).
+      devices: the number of devices, compiled on those of `compile_devices` (the default
+        backend's, else simulated CPU devices: the process must offer at least this many,
+        see `gclab.parallel.use_cpu_devices`).
       batch: the global batch; layouts whose data axis does not divide it are skipped.
       rollout: autoregressive steps.
       precision: `f32` or `bf16`.
@@ -228,8 +253,10 @@ def plan_layout(budget: Union[int, float, str], model: ModelConfig, task: TaskCo
     speed = CARD_SPEEDS[speeds_of]
     graphs = graphs_for(model)
     counts = analytical.GraphCounts.for_model(model, graphs.grid2mesh.num_edges)
+    candidate_layouts = list(layouts(devices))  # checks `devices`
+    targets = compile_devices(devices)
     candidates, best = [], None
-    for layout in layouts(devices):
+    for layout in candidate_layouts:
         for recipe in recipes or list(RECIPES):
             row = {"parallel": layout.spec, "recipe": recipe}
             memory = get_recipe(recipe, precision)
@@ -241,7 +268,7 @@ def plan_layout(budget: Union[int, float, str], model: ModelConfig, task: TaskCo
                 continue
             spec = StepSpec(model, task, memory, batch=batch, rollout=rollout,
                             parallel=layout)
-            step = compile_train_step(spec, graphs)
+            step = compile_train_step(spec, graphs, devices=targets)
             need = step.memory.total_bytes
             coll = int(step.memory.collective_bytes)
             seconds = predicted_seconds(spec, coll, speed, counts)
@@ -251,7 +278,8 @@ def plan_layout(budget: Union[int, float, str], model: ModelConfig, task: TaskCo
             if ok and (best is None or seconds < best[2]):
                 best = (spec, recipe, seconds, need)
     for row, spec, seconds in _pipeline_candidates(model, task, devices, batch, rollout,
-                                                   precision, recipes, usable, speed, graphs):
+                                                   precision, recipes, usable, speed, graphs,
+                                                   targets):
         candidates.append(row)
         if row.get("fits") and (best is None or seconds < best[2]):
             best = (spec, row["recipe"], seconds, row["per_device_bytes"])

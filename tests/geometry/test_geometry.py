@@ -270,6 +270,32 @@ def test_mesh2grid_normalization_factor():
     assert np.array_equal(a.grid2mesh.features, b.grid2mesh.features)
 
 
+@pytest.mark.parametrize("factor", [1e-40, 5e-324])
+def test_a_mesh2grid_factor_too_small_for_float32_is_refused_before_caching(factor, tmp_path):
+    # Features of |d| / factor beyond float32's largest number would be inf: refused, named,
+    # with the least factor that works, and nothing is cached (a later load would find the
+    # file damaged and rebuild it every time).
+    with pytest.raises(ValueError) as e:
+        graphs_lib.build_graphs(30.0, 1, mesh2grid_edge_normalization_factor=factor,
+                                cache_dir=tmp_path)
+    message = str(e.value)
+    assert message.startswith(f"mesh2grid_edge_normalization_factor={factor!r} is invalid: "
+                              "None or a number >= "), message
+    assert "stay finite in float32" in message and "\n" not in message
+    assert not list(tmp_path.iterdir())
+    least = float(message.split(">= ")[1].split()[0])
+    g = graphs_lib.build_graphs(30.0, 1, mesh2grid_edge_normalization_factor=least,
+                                cache_dir=tmp_path)
+    assert np.isfinite(g.mesh2grid.features).all() and g.mesh2grid.features.max() > 1e38
+    again, source = graphs_lib.load_or_build_graphs(30.0, 1, 0.6, least, cache_dir=tmp_path)
+    assert source.loaded  # the cached file is sound
+    _assert_same(g, again)
+    # The features themselves: N named as the caller names it.
+    lat, lon = np.array([0.0, 0.0]), np.array([0.0, 90.0])
+    with pytest.raises(ValueError, match=r"^normalization=1e-40 is invalid: None or a number"):
+        features_lib.edge_features(lat, lon, lat, lon, np.array([0]), np.array([1]), 1e-40)
+
+
 # ----------------------------------------------------------------------------- API, cache
 
 def _assert_same(a: graphs_lib.Graphs, b: graphs_lib.Graphs) -> None:

@@ -6,10 +6,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from gclab.config import MAX_INT32
+from gclab.config import MAX_INT32, ConfigError
 from gclab.measure.collectives import collective_bytes
 from gclab.memory.blocks import merge_blocks, shard_block, split_blocks
 from gclab.parallel import ParallelConfig, layouts, parse_parallel_spec, pipeline_layouts
+from gclab.parallel.config import spec_error
 
 
 def test_default_layout_is_one_device():
@@ -40,11 +41,55 @@ def test_mesh_nodes_are_split_unless_the_spec_says_replicated():
         parse_parallel_spec("spatial:4,mesh-nodes:whole")
 
 
-@pytest.mark.parametrize("spec", ["", "data", "data:x", "model:2", "data:2,data:2", "data:-1",
-                                  "mesh-nodes:split,mesh-nodes:split"])
+@pytest.mark.parametrize("spec", ["", "data", "data:x", "model:2", "data:-1"])
 def test_malformed_spec_lists_what_is_accepted(spec):
     with pytest.raises(ValueError, match="accepted: comma-separated AXIS:SIZE"):
         parse_parallel_spec(spec)
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("data:2,data:2", "data is given twice (data:2 and data:2)"),
+    ("spatial:2,mesh-nodes:split,mesh-nodes:replicated",
+     "mesh-nodes is given twice (mesh-nodes:split and mesh-nodes:replicated)"),
+    ("pipeline:2,stage-steps:1/1,stage-steps:2/2",
+     "stage-steps is given twice (stage-steps:1/1 and stage-steps:2/2)"),
+    ("pipeline:2,microbatches:2,microbatches:4",
+     "microbatches is given twice (microbatches:2 and microbatches:4)"),
+])
+def test_an_item_given_twice_is_named(spec, message):
+    with pytest.raises(ValueError) as e:
+        parse_parallel_spec(spec)
+    assert str(e.value) == f"{message}: each axis or item at most once"
+
+
+@pytest.mark.parametrize("spec, message", [
+    # Out of range, with or without items only a pipeline has: the size is named.
+    ("pipeline:99999999999",
+     f"pipeline:99999999999 is invalid: an integer >= 1 (and <= {MAX_INT32})"),
+    ("pipeline:99999999999,microbatches:2",
+     f"pipeline:99999999999 is invalid: an integer >= 1 (and <= {MAX_INT32})"),
+    ("pipeline:0,stage-steps:3", f"pipeline:0 is invalid: an integer >= 1 (and <= {MAX_INT32})"),
+    ("microbatches:0", f"microbatches:0 is invalid: an integer >= 1 (and <= {MAX_INT32})"),
+    # Items only a pipeline has, without one: that, whatever else is wrong with them.
+    ("microbatches:2", "microbatches:2 is invalid without a pipeline: it needs pipeline:P with "
+     "P >= 2"),
+    ("stage-steps:4", "stage-steps:4 is invalid without a pipeline: it needs pipeline:P with "
+     "P >= 2"),
+    ("stage-steps:2/2", "stage-steps:2/2 is invalid without a pipeline: it needs pipeline:P "
+     "with P >= 2"),
+    ("pipeline:1,stage-remat:0/1", "stage-remat:0/1 is invalid without a pipeline: it needs "
+     "pipeline:P with P >= 2"),
+    ("microbatches:1,stage-steps:4", "stage-steps:4 is invalid without a pipeline: it needs "
+     "pipeline:P with P >= 2"),
+    # With a pipeline, the item's own fault.
+    ("pipeline:2,stage-steps:2", "stage-steps:2 is invalid: 2 numbers separated by '/', one "
+     "per stage of pipeline:2"),
+    ("pipeline:2,stage-steps:0/2", "stage-steps:0/2 is invalid: every stage has 1 step or more"),
+])
+def test_spec_errors_name_the_item_as_written(spec, message):
+    with pytest.raises(ConfigError) as e:
+        parse_parallel_spec(spec)
+    assert spec_error(spec, e.value) == message
 
 
 @pytest.mark.parametrize("field, value", [("data", 0), ("spatial", 1.5), ("data", True),

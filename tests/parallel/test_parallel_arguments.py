@@ -113,3 +113,35 @@ def test_plan_layout_names_a_bad_argument_before_compiling(kwargs, error, words,
     with pytest.raises(error) as e:
         layout_plan.plan_layout("1GiB", **args)
     assert words in str(e.value), str(e.value)
+
+
+def test_layouts_compile_on_cpu_devices_where_the_default_backend_has_too_few(monkeypatch):
+    """A machine with one GPU plans an eight-device layout on its simulated CPU devices."""
+    import jax
+
+    from gclab.sizing.layout_plan import compile_devices
+
+    cpu = [f"cpu{i}" for i in range(8)]
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    monkeypatch.setattr(jax, "devices", lambda backend=None: cpu if backend == "cpu"
+                        else ["gpu0"])
+    assert compile_devices(1) == ["gpu0"]
+    assert compile_devices(8) == cpu
+    with pytest.raises(ValueError, match=r"^plan_layout: devices=9 is more than this process "
+                       r"has \(1 gpu, 8 cpu\): ask for 9 simulated CPU devices"):
+        compile_devices(9)
+    # plan_layout compiles every candidate on them.
+    from gclab.config import PRESETS
+    from gclab.sizing import layout_plan
+
+    class Compiled(Exception):
+        pass
+
+    def compile_train_step(spec, graphs, devices=None):
+        raise Compiled(devices)
+
+    monkeypatch.setattr(layout_plan, "compile_train_step", compile_train_step)
+    tiny = PRESETS["cpu-4x32"]
+    with pytest.raises(Compiled) as e:
+        layout_plan.plan_layout("1GiB", tiny.model, tiny.task, 8, batch=8)
+    assert e.value.args[0] == cpu
