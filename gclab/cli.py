@@ -70,6 +70,7 @@ from gclab.parallel import (
     use_cpu_devices,
 )
 from gclab.parallel.config import spec_error
+from gclab.parallel.pipeline import StagesWouldHang
 from gclab.parallel.processes import (
     COORDINATOR_ENV,
     DEFAULT_INIT_TIMEOUT,
@@ -676,6 +677,10 @@ def cmd_memory(args) -> int:
     record = {**compiled.memory.to_dict(), **spec.describe(),
               "devices": layout.devices, "parallel": layout.spec,
               "collectives": compiled.collectives}
+    if compiled.cannot_run is not None:  # its memory is still the compiled step's
+        record["cannot_run"] = compiled.cannot_run
+        print(f"gclab memory: warning: --parallel {_shown(args.parallel)}: this layout cannot "
+              f"run (gclab train refuses it): {compiled.cannot_run}", file=sys.stderr)
     if args.json:
         _print_json(record)
         return 0
@@ -1107,6 +1112,8 @@ def cmd_train(args) -> int:
                        checkpoint_dir=None if args.checkpoint_dir is None
                        else str(args.checkpoint_dir.resolve()),
                        progress=progress, weather=weather, init_params=init_params)
+    except StagesWouldHang as e:  # found in the compiled step, before it ran
+        raise UsageError(f"--parallel {_shown(args.parallel)}: {e.reason}") from None
     except ScheduleMismatch as e:  # resuming would change the run: the option, not the folder
         raise UsageError(_schedule_mismatch(e, _shown(str(args.checkpoint_dir)))) from None
     except RestoreError as e:  # the checkpoint to resume from

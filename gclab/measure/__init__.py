@@ -15,7 +15,6 @@
 | `targets` | small workloads for `measure_peak` (tests and the book) |
 """
 
-from gclab.measure.collectives import COLLECTIVES, collective_bytes
 from gclab.measure.compiled import (
     DEFAULT_CPU_OPTIONS,
     PLAN_ONLY_CPU_OPTIONS,
@@ -51,6 +50,7 @@ from gclab.measure.timeline import (
     timeline_from_dump,
 )
 from gclab.measure.timing import median_seconds
+from gclab.parallel.collectives import COLLECTIVES, collective_bytes
 
 __all__ = [
     "ARGUMENTS_GROUP", "BACKWARD_PREFIX", "COLLECTIVES", "NOT_A_GRAPH_SET", "CompiledMemory",

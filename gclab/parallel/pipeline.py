@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import re
 from typing import Any, Callable, Iterator, Optional, Sequence
 
 import jax
@@ -63,6 +64,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
 from gclab.config import require_count
+from gclab.parallel.collectives import branch_collectives
 from gclab.parallel.config import PIPELINE_AXIS, ParallelConfig
 
 # The layout whose pipeline the network runs while a step is traced (`use_pipeline`).
@@ -170,7 +172,8 @@ def gpipe(stages: Sequence[Callable], params: Any, xs: Any, state: Any,
         s = jax.lax.axis_index(PIPELINE_AXIS)
         # Cast here, outside the switch: the transpose of a cast is a sum over `pipeline`
         # (the parameters' gradients summed over the stages), a collective that every
-        # device must join, so none may sit inside a branch only one stage takes.
+        # device must join, so none may sit inside a branch only one stage takes (one the
+        # compiler puts there is refused before a step runs: `check_stage_collectives`).
         params, xs, state = _varying((params, xs, state))
 
         def tick(state, t):
@@ -208,6 +211,77 @@ def switch_branches(jaxpr: Any) -> list:
                 if hasattr(inner, "eqns"):
                     counts += switch_branches(inner)
     return counts
+
+
+class StagesWouldHang(ValueError):
+    """A pipelined step whose compiled program would hang (`check_stage_collectives`).
+
+    Attributes:
+      spec: the layout's spec (`ParallelConfig.spec`).
+      reason: what is wrong and what to do, without the layout's name (for a caller that
+        names the option it came from).
+    """
+
+    def __init__(self, spec: str, reason: str):
+        super().__init__(f"layout {spec} cannot run: {reason}")
+        self.spec, self.reason = spec, reason
+
+
+# Steps of an op_name that say nothing of where in the network an instruction comes from.
+_PLUMBING = {"closed_call", "checkpoint", "rematted_computation", "while", "body", "cond",
+             "shard_map"}
+
+
+def stage_collectives_error(hlo_text: str, layout: ParallelConfig) -> Optional[str]:
+    """Why a compiled step of `layout` would hang, or None when it would not.
+
+    `gpipe` keeps its own collectives out of the switch of stages: each device runs only its
+    own stage's branch. The compiler may still put one inside a branch when it reshards an
+    array the network marks over `spatial` (`gclab.parallel.split_rows`): a
+    collective-permute where rows do not split evenly (mesh nodes over a spatial size that
+    does not divide their count, the padded edge blocks of `MemoryConfig.edge_block_size`).
+    Its rendezvous waits for every device of the program (XLA:CPU's), and the devices of
+    the other stages, running their own branch, never come: the step waits forever (on
+    XLA:CPU it aborts after 40 s). Such a permute is looked for in the optimised HLO
+    (`gclab.parallel.collectives.branch_collectives`); the other collectives of a stage
+    (all-reduce, all-gather over `spatial` or `data`) wait only for their own group's
+    devices, which run the same stage.
+
+    Args:
+      hlo_text: the optimised HLO of the compiled step (`Compiled.as_text()`).
+      layout: its layout; without a pipeline (`pipeline` 1) the answer is None.
+    """
+    if layout.pipeline <= 1:
+        return None
+    found = branch_collectives(hlo_text, ("collective-permute",))
+    if not found:
+        return None
+    where = next((w for w in map(_within_stage, found) if w), None)
+    one = f" (one in {where})" if where else ""
+    return (f"the compiler put {len(found)} collective-permute(s) inside the pipeline's "
+            f"stages{one}, to reshard rows that do not split evenly over "
+            f"spatial:{layout.spatial} (or padded edge blocks); every device must join one, but "
+            "the devices of the other stages run their own stage, so the stages would wait on "
+            "each other forever: use mesh-nodes:replicated, a spatial size that divides the "
+            "mesh's node count (and the grid's and each edge set's), or no edge blocks")
+
+
+def _within_stage(op_name: str) -> str:
+    """The last steps of `op_name` inside a stage's branch (`encoder/jit(_pad)/pad`), or
+    '' where it names no step inside one."""
+    parts = op_name.split("/")
+    starts = [i for i, p in enumerate(parts) if re.fullmatch(r"branch_\d+_fun", p)]
+    if not starts:
+        return ""
+    return "/".join([p for p in parts[starts[-1] + 1:] if p not in _PLUMBING][-3:])
+
+
+def check_stage_collectives(hlo_text: str, layout: ParallelConfig) -> None:
+    """Raises `StagesWouldHang` where a compiled step of `layout` would hang
+    (`stage_collectives_error`); to be called before the step runs."""
+    reason = stage_collectives_error(hlo_text, layout)
+    if reason is not None:
+        raise StagesWouldHang(layout.spec, reason)
 
 
 def _varying(tree: Any) -> Any:

@@ -14,7 +14,7 @@ F and M are the FLOPs and bytes of one training step of the global batch (forwar
 backward, recompute and optimizer: `gclab.sizing.analytical.step_work`, the counts the
 single-device planner ranks with, `gclab.sizing.speed`), D the devices, and C the bytes
 each device receives or reduces per step, read from the partitioned program's optimised
-HLO (`gclab.measure.collectives`). It assumes no overlap of compute and communication and
+HLO (`gclab.parallel.collectives`). It assumes no overlap of compute and communication and
 perfect balance between devices, so it ranks candidates; it does not promise seconds.
 A pipeline's compute term is its GPipe schedule instead (`gclab.sizing.pipeline_plan`:
 M + P - 1 ticks of its slowest stage, each stage's FLOPs and bytes at the same speeds),
@@ -124,6 +124,12 @@ def predicted_seconds(spec: StepSpec, collective_bytes: int, speed: CardSpeed,
     return compute + collective_bytes / speed.link_bytes_per_s
 
 
+def _cannot_run(step) -> dict:
+    """A candidate's ``cannot_run`` field where its compiled step would hang (a pipeline
+    whose stages would wait on each other: never chosen, whatever its memory)."""
+    return {} if step.cannot_run is None else {"cannot_run": step.cannot_run}
+
+
 def _pipeline_candidates(model, task, devices, batch, rollout, precision, recipes, usable,
                          speed, graphs, targets=None):
     """Rows of the data x pipeline layouts: each recipe's techniques with the processor remat
@@ -184,9 +190,9 @@ def _pipeline_candidates(model, task, devices, batch, rollout, precision, recipe
             seconds = (rollout * compute + optimizer_seconds
                        + coll / speed.link_bytes_per_s)
             yield {**row, "parallel": choice.layout.spec, "per_device_bytes": need,
-                   "collective_bytes": coll,
-                   "predicted_seconds": seconds, "fits": fits(need, usable),
-                   "stages": choice.milp.to_dict()}, spec, seconds
+                   "collective_bytes": coll, "predicted_seconds": seconds,
+                   "fits": fits(need, usable) and step.cannot_run is None,
+                   "stages": choice.milp.to_dict(), **_cannot_run(step)}, spec, seconds
 
 
 def compile_devices(n: int) -> list:
@@ -272,9 +278,10 @@ def plan_layout(budget: Union[int, float, str], model: ModelConfig, task: TaskCo
             need = step.memory.total_bytes
             coll = int(step.memory.collective_bytes)
             seconds = predicted_seconds(spec, coll, speed, counts)
-            ok = fits(need, usable)
+            ok = fits(need, usable) and step.cannot_run is None
             candidates.append({**row, "per_device_bytes": need, "collective_bytes": coll,
-                               "predicted_seconds": seconds, "fits": ok})
+                               "predicted_seconds": seconds, "fits": ok,
+                               **_cannot_run(step)})
             if ok and (best is None or seconds < best[2]):
                 best = (spec, recipe, seconds, need)
     for row, spec, seconds in _pipeline_candidates(model, task, devices, batch, rollout,

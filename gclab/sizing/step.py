@@ -7,7 +7,7 @@ update, via `gclab.training`) from `jax.ShapeDtypeStruct`s, so nothing is alloca
 the 0.25 deg model can be sized on a laptop; only the graphs are built (cached on disk).
 With a layout of several devices the step is partitioned (`gclab.training.layout`) and
 XLA's memory figures are those of one device; the bytes its collectives move per step are
-read from the optimised HLO (`gclab.measure.collectives`). The devices may be simulated
+read from the optimised HLO (`gclab.parallel.collectives`). The devices may be simulated
 CPU devices (`gclab.parallel.use_cpu_devices`).
 
 Shapes: B batch, Ng grid nodes, C data channels, O outputs, T rollout steps.
@@ -37,7 +37,6 @@ from gclab.config import (
 from gclab.devices import usable_bytes
 from gclab.geometry.graphs import Graphs, graphs_for
 from gclab.limits import MAX_PLANNED_BYTES, host_memory_bytes, require_fits
-from gclab.measure.collectives import collective_bytes
 from gclab.measure.compiled import (
     CompiledMemory,
     compile_timed,
@@ -47,7 +46,9 @@ from gclab.measure.compiled import (
 from gclab.measure.timeline import compile_with_timeline
 from gclab.memory.config import MemoryConfig, recipe_name
 from gclab.model.graphcast import graph_inputs, make_network, param_shapes
+from gclab.parallel.collectives import collective_bytes
 from gclab.parallel.config import ParallelConfig
+from gclab.parallel.pipeline import StagesWouldHang, stage_collectives_error
 from gclab.parallel.sharding import make_mesh, use_layout
 from gclab.sizing.analytical import GraphCounts, estimate, param_count
 
@@ -216,13 +217,17 @@ class CompiledStep:
         metrics as host values (`{"loss", "grad_norm"}`, 0-d NumPy arrays); each call
         continues from the state the call before it left.
       collectives: bytes per device moved by each kind of collective in one step
-        (`gclab.measure.collectives.collective_bytes`; all 0 on one device).
+        (`gclab.parallel.collectives.collective_bytes`; all 0 on one device).
+      cannot_run: why the compiled step would hang if run, with a pipeline whose stages
+        would wait on each other forever
+        (`gclab.parallel.pipeline.stage_collectives_error`); None when it can run.
     """
     spec: StepSpec
     memory: StepMemory
     timeline: Any = None
     run: Optional[Callable[[], dict]] = None
     collectives: Optional[dict] = None
+    cannot_run: Optional[str] = None
 
 
 def estimate_step_bytes(spec: StepSpec, graphs: Optional[Graphs] = None) -> int:
@@ -278,6 +283,8 @@ def compile_train_step(spec: StepSpec, graphs: Optional[Graphs] = None, *,
       gclab.limits.TooLarge: before compiling, a step too large to plan
         (`check_step_size`); with `live`, before allocating, a compiled step larger than
         the device's memory (`device_memory_bytes`).
+      gclab.parallel.pipeline.StagesWouldHang: with `live` (and a run that `run_if`
+        allows), before allocating, a pipelined step that would hang (`cannot_run`).
     """
     if not isinstance(spec, StepSpec):
         raise ValueError(f"spec must be a StepSpec, not {a_kind(spec)}")
@@ -309,11 +316,15 @@ def compile_train_step(spec: StepSpec, graphs: Optional[Graphs] = None, *,
             compiled, seconds = compile_timed(step, args, {}, donate_argnums=donate,
                                               compiler_options=options)
     m = memory_of_compiled(compiled, seconds)
-    collectives = collective_bytes(compiled.as_text() if mesh is not None else "")
+    hlo = compiled.as_text() if mesh is not None else ""
+    collectives = collective_bytes(hlo)
+    cannot_run = stage_collectives_error(hlo, spec.parallel)
     memory = StepMemory(**dataclasses.asdict(m), num_params=param_count(spec.model, spec.task),
                         collective_bytes=collectives["total"])
     if not live or (run_if is not None and not run_if(memory)):
-        return CompiledStep(spec, memory, lines, None, collectives)
+        return CompiledStep(spec, memory, lines, None, collectives, cannot_run)
+    if cannot_run is not None:
+        raise StagesWouldHang(spec.parallel.spec, cannot_run)
     require_fits(f"running one training step of {spec.title()}", memory.total_bytes,
                  device_memory_bytes(), f"this {jax.default_backend()} device's memory")
     real = _random_args(base, graphs, seed)

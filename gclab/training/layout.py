@@ -35,6 +35,7 @@ from gclab.config import TaskConfig
 from gclab.memory.config import MemoryConfig
 from gclab.model.graphcast import GraphInputs
 from gclab.parallel.config import DATA_AXIS, ParallelConfig
+from gclab.parallel.pipeline import check_stage_collectives
 from gclab.parallel.sharding import global_array, replicated, rows_sharding, use_layout
 from gclab.training.examples import Example
 from gclab.training.step import TrainState, train_step_fn
@@ -117,13 +118,30 @@ def make_sharded_train_step(net: hk.Transformed, optimizer: optax.GradientTransf
     returned step
     takes arguments placed by `place_step_args` (or shapes from `abstract_step_args`:
     `step.lower(*args)`), and returns the new state and metrics whole on every device.
+
+    With a pipeline, the step's first call for arguments of new shapes or shardings
+    compiles it (JAX keeps that compile for the call) and reads its optimised HLO before
+    it runs: a step whose stages would wait on each other forever is refused
+    (`gclab.parallel.pipeline.check_stage_collectives`).
+
+    Raises (when called):
+      gclab.parallel.pipeline.StagesWouldHang: with a pipeline, before the step runs, a
+        compiled step with a collective inside a stage (a ValueError).
     """
     fn = train_step_fn(net, optimizer, task, memory, rollout, weights, residual_scale)
     jitted = jax.jit(fn, out_shardings=(replicated(mesh), replicated(mesh)),
                      donate_argnums=(0,) if memory.donate else ())
+    pipelined = isinstance(layout, ParallelConfig) and layout.pipeline > 1
+    checked: set = set()  # signatures of arguments whose compiled step was read
 
     def step(state: TrainState, graph: GraphInputs, example: Example):
         with use_layout(mesh, layout):
+            if pipelined:
+                key = _signature((state, graph, example))
+                if key not in checked:
+                    compiled = jitted.lower(state, graph, example).compile()
+                    check_stage_collectives(compiled.as_text(), layout)
+                    checked.add(key)
             return jitted(state, graph, example)
 
     def lower(state, graph, example):
@@ -132,3 +150,11 @@ def make_sharded_train_step(net: hk.Transformed, optimizer: optax.GradientTransf
 
     step.lower = lower
     return step
+
+
+def _signature(args: Any) -> tuple:
+    """What a jitted function compiles for: the tree of `args`, and each leaf's shape,
+    dtype and sharding."""
+    leaves, tree = jax.tree_util.tree_flatten(args)
+    return tree, tuple((np.shape(a), getattr(a, "dtype", None), getattr(a, "sharding", None))
+                       for a in leaves)

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from gclab.config import MAX_INT32, ConfigError
-from gclab.measure.collectives import collective_bytes
 from gclab.memory.blocks import merge_blocks, shard_block, split_blocks
 from gclab.parallel import ParallelConfig, layouts, parse_parallel_spec, pipeline_layouts
+from gclab.parallel.collectives import collective_bytes
 from gclab.parallel.config import spec_error
 
 

@@ -145,3 +145,34 @@ def test_layouts_compile_on_cpu_devices_where_the_default_backend_has_too_few(mo
     with pytest.raises(Compiled) as e:
         layout_plan.plan_layout("1GiB", tiny.model, tiny.task, 8, batch=8)
     assert e.value.args[0] == cpu
+
+
+def test_a_layout_whose_stages_would_hang_is_never_chosen(monkeypatch):
+    import types
+
+    import jax
+
+    from gclab.config import PRESETS
+    from gclab.sizing import NothingFits, layout_plan
+
+    cpu = [f"cpu{i}" for i in range(2)]
+    monkeypatch.setattr(jax, "devices", lambda backend=None: cpu)
+
+    def compile_train_step(spec, graphs, devices=None):
+        hangs = "spatial:2" in spec.parallel.spec
+        return types.SimpleNamespace(
+            memory=types.SimpleNamespace(total_bytes=1, collective_bytes=0),
+            cannot_run="the stages would wait on each other" if hangs else None)
+
+    monkeypatch.setattr(layout_plan, "compile_train_step", compile_train_step)
+    tiny = PRESETS["cpu-4x32"]
+    plan = layout_plan.plan_layout("1GiB", tiny.model, tiny.task, 2, batch=2,
+                                   recipes=["none"])
+    assert plan.spec.parallel.spec == "data:2,spatial:1"
+    hung = [c for c in plan.candidates if "cannot_run" in c]
+    assert hung and all(not c["fits"] and "spatial:2" in c["parallel"] for c in hung)
+    monkeypatch.setattr(layout_plan, "compile_train_step", lambda spec, graphs, devices=None:
+                        types.SimpleNamespace(memory=types.SimpleNamespace(
+                            total_bytes=1, collective_bytes=0), cannot_run="hangs"))
+    with pytest.raises(NothingFits):
+        layout_plan.plan_layout("1GiB", tiny.model, tiny.task, 2, batch=2, recipes=["none"])

@@ -40,6 +40,8 @@ _CALLS = re.compile(
 _TWO_BRANCHES = re.compile(r"\btrue_computation=%?([\w.\-]+),\s*false_computation=%?([\w.\-]+)")
 _TRIPS = re.compile(r'"known_trip_count":\{"n":"(\d+)"\}')
 _BODY = re.compile(r"\bbody=%?([\w.\-]+)")
+_OP_NAME = re.compile(r'\bop_name="([^"]*)"')
+_NAME = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=")
 
 
 def _shape_bytes(result_type: str) -> int:
@@ -63,6 +65,93 @@ def _names(listed: str) -> list[str]:
     return [n.strip().lstrip("%") for n in listed.split(",") if n.strip().lstrip("%")]
 
 
+def _parse(hlo_text: str):
+    """`(entry, calls, own, found, branches)` of a program's HLO text.
+
+    `entry`: the entry computation's name. `calls`: computation -> [(callees, times)], where
+    all of one entry's callees run, except a conditional's (one tuple of its branches), of
+    which one runs. `own`: computation ->
+    {kind: bytes} of its own collectives. `found`: computation -> [(opcode, label)] of its
+    own collective instructions (the `-start` of an asynchronous pair, not its `-done`),
+    labelled by their `op_name` (else the instruction's name). `branches`: every branch
+    computation of a conditional.
+    """
+    calls: dict[str, list[tuple[tuple[str, ...], int]]] = {}
+    own: dict[str, dict[str, int]] = {}
+    found: dict[str, list[tuple[str, str]]] = {}
+    branches: list[str] = []
+    entry, current = None, None
+    for line in hlo_text.splitlines():
+        if not line.startswith((" ", "\t")) and line.rstrip().endswith("{"):
+            m = _COMPUTATION.match(line.strip())
+            if m:
+                current = m.group(1)
+                calls.setdefault(current, [])
+                own.setdefault(current, {})
+                found.setdefault(current, [])
+                if line.startswith("ENTRY"):
+                    entry = current
+            continue
+        m = _INSTRUCTION.match(line) if current else None
+        if m is None:
+            continue
+        result_type, opcode, rest = m.groups()
+        kind = _collective_kind(opcode)
+        if kind is not None:
+            own[current][kind] = own[current].get(kind, 0) + _shape_bytes(result_type)
+        base = opcode[:-6] if opcode.endswith("-start") else opcode
+        if base in COLLECTIVES:
+            label = _OP_NAME.search(rest) or _NAME.match(line)
+            found[current].append((base, label.group(1)))
+        trips = _TRIPS.search(rest)
+        body = _BODY.search(rest) if opcode == "while" else None
+        for one, several, listed in _CALLS.findall(rest):
+            if listed:
+                calls[current].append((tuple(_names(listed)), 1))
+                branches += _names(listed)
+                continue
+            for name in [one] if one else _names(several):
+                times = int(trips.group(1)) if (body and name == body.group(1) and trips) else 1
+                calls[current].append(((name,), times))
+        for pair in _TWO_BRANCHES.findall(rest):
+            calls[current].append((pair, 1))
+            branches += pair
+    return entry, calls, own, found, branches
+
+
+def branch_collectives(hlo_text: str,
+                       kinds: tuple[str, ...] = ("collective-permute",)) -> list[str]:
+    """The collectives of `kinds` that run inside a branch of a conditional.
+
+    A branch runs only on the devices whose predicate or index picks it, and a pipeline's
+    stages (`gclab.parallel.pipeline.gpipe`) are the branches of one conditional, each
+    device running its own stage's. A collective inside a branch waits for devices that run
+    another branch and never arrive (XLA:CPU's collective-permute waits for every device of
+    the program, whatever its source-target pairs): the program hangs.
+
+    Args:
+      hlo_text: the optimised HLO of a compiled program (`Compiled.as_text()`).
+      kinds: the collectives to look for (of `COLLECTIVES`; asynchronous ones by their
+        `-start`).
+
+    Returns:
+      Each such instruction's `op_name` (where JAX put it: what the program was doing), else
+      its HLO name, once per instruction, in the order of the text; computations a branch
+      calls (fusions, loops, calls, nested conditionals) are inside it too.
+    """
+    _, calls, _, found, branches = _parse(hlo_text)
+    inside: set[str] = set()
+    stack = list(branches)
+    while stack:
+        name = stack.pop()
+        if name in inside:
+            continue
+        inside.add(name)
+        stack += [callee for callees, _ in calls.get(name, []) for callee in callees]
+    return [label for name, listed in found.items() if name in inside
+            for kind, label in listed if kind in kinds]
+
+
 def collective_bytes(hlo_text: str) -> dict[str, int]:
     """Bytes of each collective kind, per device and per execution of the program.
 
@@ -75,39 +164,7 @@ def collective_bytes(hlo_text: str) -> dict[str, int]:
     Returns:
       `{kind: bytes}` for every kind of `COLLECTIVES` (0 where absent), and `total`.
     """
-    # computation -> [(callees, times)]: all of one entry's callees run, except a
-    # conditional's (one tuple of branches), of which one runs.
-    calls: dict[str, list[tuple[tuple[str, ...], int]]] = {}
-    own: dict[str, dict[str, int]] = {}  # computation -> bytes of its own collectives
-    entry, current = None, None
-    for line in hlo_text.splitlines():
-        if not line.startswith((" ", "\t")) and line.rstrip().endswith("{"):
-            m = _COMPUTATION.match(line.strip())
-            if m:
-                current = m.group(1)
-                calls.setdefault(current, [])
-                own.setdefault(current, {})
-                if line.startswith("ENTRY"):
-                    entry = current
-            continue
-        m = _INSTRUCTION.match(line) if current else None
-        if m is None:
-            continue
-        result_type, opcode, rest = m.groups()
-        kind = _collective_kind(opcode)
-        if kind is not None:
-            own[current][kind] = own[current].get(kind, 0) + _shape_bytes(result_type)
-        trips = _TRIPS.search(rest)
-        body = _BODY.search(rest) if opcode == "while" else None
-        for one, several, branches in _CALLS.findall(rest):
-            if branches:
-                calls[current].append((tuple(_names(branches)), 1))
-                continue
-            for name in [one] if one else _names(several):
-                times = int(trips.group(1)) if (body and name == body.group(1) and trips) else 1
-                calls[current].append(((name,), times))
-        for pair in _TWO_BRANCHES.findall(rest):
-            calls[current].append((pair, 1))
+    entry, calls, own, _, _ = _parse(hlo_text)
 
     def total_of(name: str, seen: tuple = ()) -> dict[str, int]:
         out = dict(own.get(name, {}))
