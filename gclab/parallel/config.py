@@ -16,7 +16,11 @@ them whole on every device: less communication, more memory (the 16 saved step l
 the processor are held whole on every device).
 
 Layouts combine with every `MemoryConfig` technique and with bfloat16: the techniques
-change how each device evaluates its share, the layout which share it evaluates.
+change how each device evaluates its share, the layout which share it evaluates. One
+combination compiles but cannot run: `spatial` with `pipeline` where rows or edge blocks
+do not split evenly over `spatial`, because the compiler then reshards inside a stage,
+where the other stages' devices never join (refused before a step runs:
+`gclab.parallel.pipeline.check_stage_collectives`).
 """
 
 from __future__ import annotations
