@@ -149,10 +149,12 @@ def record_part(part: Part, scale, dry_run: bool, repeats: int = 3,
                            step_seconds=(r.result or {}).get("step_seconds"),
                            measured_over_plan=(r.peak_bytes / plan.total_bytes
                                                if r.peak_bytes else None))
-                if not r.ok:  # the plan fits, yet the run on the card did not succeed
-                    first = (str(r.message).strip().splitlines() or [""])[0][:300]
+                first = (str(r.message).strip().splitlines() or [""])[0][:300]
+                if r.status in ("oom", "error"):  # the plan fits, yet the run on the card failed
                     row["status"] = (f"failed on the card ({r.status}, plan "
                                      f"{format_bytes(plan.total_bytes)}): {first}")
+                elif not r.ok:  # never started, or no peak reported: the plan's verdict stays
+                    row["measure_message"] = first
         except Exception as e:  # noqa: BLE001 - recorded; the lease goes on to the next one
             first = (str(e).strip().splitlines() or [""])[0][:300]
             row.setdefault("plan_bytes", None)  # a plan made before the failure is kept

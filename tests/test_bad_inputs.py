@@ -402,7 +402,8 @@ ENVIRONMENT = [
 @pytest.mark.parametrize("env,argv,line", ENVIRONMENT, ids=lambda v: str(v)[:50])
 def test_a_bad_environment_variable_is_named_not_an_option(env, argv, line, monkeypatch, capsys,
                                                            no_work):
-    for name in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
+    for name in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID",
+                 "XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_FRACTION"):
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
@@ -412,6 +413,7 @@ def test_a_bad_environment_variable_is_named_not_an_option(env, argv, line, monk
 
 
 def test_a_bad_memory_fraction_does_not_matter_to_a_budget_in_bytes(monkeypatch, capsys):
+    monkeypatch.delenv("XLA_CLIENT_MEM_FRACTION", raising=False)
     monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", "most")
     assert cli.main(["plan", *TINY, "--budget", "8GiB", "--compiled", "no"]) == 0
     assert cli.main(["plan", *TINY, "--budget", "T5"]) == 2  # still the option's fault

@@ -506,18 +506,23 @@ def test_record_gpu_run_that_fails_on_the_card_is_not_recorded_as_running(benchm
                                 "allocate 40.1GiB\nmore lines", backend="gpu"),
                      PeakResult("error", "child exited with status -9", backend="gpu"),
                      PeakResult("ok", backend="gpu", peak_bytes=3 * 2**30,
-                                result={"step_seconds": 0.5})])
+                                result={"step_seconds": 0.5}),
+                     PeakResult("not measured", "not measured: this process holds 47.52 GiB",
+                                backend="gpu")])
     monkeypatch.setattr(gclab.sizing, "train_step_memory", lambda spec: types.SimpleNamespace(
         total_bytes=3 * 2**30, temp_bytes=2**30))
     monkeypatch.setattr(gclab.notebook, "run_if_fits", lambda *a, **k: Run())
     monkeypatch.setattr(gclab.notebook, "usable_here", lambda: 60 * 2**30)
     monkeypatch.setattr(gclab.measure, "measure_peak", lambda *a, **k: next(outcomes))
     part = record_gpu.Part("p", "three", lambda scale: gclab.notebook.live_configs(
-        "05", scale)[:1] * 3)
+        "05", scale)[:1] * 4)
     rows = record_gpu.record_part(part, gclab.notebook.scale_named("80GB"), dry_run=False)["rows"]
-    assert [r["measure_status"] for r in rows] == ["oom", "error", "ok"]
+    assert [r["measure_status"] for r in rows] == ["oom", "error", "ok", "not measured"]
     assert rows[0]["status"] == ("failed on the card (oom, plan 3.00 GiB): RESOURCE_EXHAUSTED: "
                                  "Out of memory while trying to allocate 40.1GiB")
     assert rows[1]["status"] == ("failed on the card (error, plan 3.00 GiB): child exited "
                                  "with status -9")
     assert rows[2]["status"] == "runs (plan 3.00 GiB)" and rows[2]["step_seconds"] == 0.5
+    # Never started (or no peak reported): the plan's verdict stays, the reason is kept.
+    assert rows[3]["status"] == "runs (plan 3.00 GiB)" and rows[3]["peak_bytes"] is None
+    assert rows[3]["measure_message"] == "not measured: this process holds 47.52 GiB"

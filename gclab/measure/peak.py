@@ -205,13 +205,16 @@ def refuse_if_held(
     if room >= 1 and (plan is None or devices.fits(plan, room)):
         return None
     need = f"the plan ({format_bytes(plan)})" if plan is not None else "a fresh process"
+    # Preallocation off helps only where it was on: otherwise the pool grew by use.
+    hint = ("" if os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE", "").lower() == "false"
+            else ", or set XLA_PYTHON_CLIENT_PREALLOCATE=false before JAX starts")
     return PeakResult(
         status=NOT_MEASURED,
         message=(
             f"not measured: this process holds {format_bytes(held)} of the {platform} "
             f"device's memory (JAX's pool does not give it back), leaving "
-            f"{format_bytes(room)}, too little for {need}; measure from a fresh process, "
-            "or set XLA_PYTHON_CLIENT_PREALLOCATE=false before JAX starts"
+            f"{format_bytes(room)}, too little for {need}; measure from a fresh process"
+            + hint
         ),
         backend=platform,
         device=str(getattr(device, "device_kind", device)),

@@ -284,12 +284,14 @@ def plan_layout(budget: Union[int, float, str], model: ModelConfig, task: TaskCo
                                **_cannot_run(step)})
             if ok and (best is None or seconds < best[2]):
                 best = (spec, recipe, seconds, need)
-    for row, spec, seconds in _pipeline_candidates(model, task, devices, batch, rollout,
-                                                   precision, recipes, usable, speed, graphs,
-                                                   targets):
-        candidates.append(row)
-        if row.get("fits") and (best is None or seconds < best[2]):
-            best = (spec, row["recipe"], seconds, row["per_device_bytes"])
+    # The stage programs compile on the same backend as the whole steps.
+    with jax.default_device(targets[0]):
+        for row, spec, seconds in _pipeline_candidates(model, task, devices, batch, rollout,
+                                                       precision, recipes, usable, speed,
+                                                       graphs, targets):
+            candidates.append(row)
+            if row.get("fits") and (best is None or seconds < best[2]):
+                best = (spec, row["recipe"], seconds, row["per_device_bytes"])
     if best is None:
         sized = [c for c in candidates if not c.get("skipped")]
         if not sized:

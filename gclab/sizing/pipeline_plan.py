@@ -61,7 +61,12 @@ from scipy.optimize import Bounds, LinearConstraint, milp
 
 from gclab.config import ModelConfig, TaskConfig
 from gclab.geometry.graphs import Graphs, graphs_for
-from gclab.measure.compiled import compile_timed, memory_of_compiled, plan_only_options
+from gclab.measure.compiled import (
+    compile_timed,
+    memory_of_compiled,
+    plan_only_options,
+    target_platform,
+)
 from gclab.memory.config import MemoryConfig
 from gclab.model.graphcast import graph_inputs, make_stage_network, param_shapes
 from gclab.parallel.config import ParallelConfig
@@ -323,8 +328,10 @@ def stage_program_memory(model: ModelConfig, task: TaskConfig, memory: MemoryCon
             return acc
         return jax.grad(total)(params)
 
+    # The options of the platform compiled for (`jax.default_device`, where a caller set it).
     compiled, seconds = compile_timed(program, (params, graph, xs, state, cotangents), {},
-                                      compiler_options=plan_only_options())
+                                      compiler_options=plan_only_options(
+                                          platform=target_platform()))
     return int(memory_of_compiled(compiled, seconds).total_bytes)
 
 

@@ -66,7 +66,8 @@ def holding(pool_bytes, platform="gpu", **more):
 @pytest.fixture(autouse=True)
 def default_fraction(monkeypatch):
     """JAX's default share of a GPU (0.75), whatever the caller's environment says."""
-    monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION", raising=False)
+    for name in ("XLA_CLIENT_MEM_FRACTION", "XLA_PYTHON_CLIENT_MEM_FRACTION"):
+        monkeypatch.delenv(name, raising=False)
 
 
 @pytest.fixture
@@ -220,6 +221,19 @@ def test_what_is_held_counts_against_the_card_and_the_childs_own_limit():
                                 "peak_bytes_in_use": LIMIT - 2**20})
     assert refuse_if_held(in_use, 19 * 10**9) is None  # the card's quarter is still free
     assert refuse_if_held(in_use, 20 * 10**9).status == NOT_MEASURED
+
+
+@pytest.mark.parametrize("preallocate, hint", [(None, True), ("true", True), ("false", False),
+                                               ("False", False)])
+def test_the_refusal_suggests_preallocation_off_only_where_it_is_on(monkeypatch, preallocate,
+                                                                      hint):
+    monkeypatch.delenv("XLA_PYTHON_CLIENT_PREALLOCATE", raising=False)
+    if preallocate is not None:
+        monkeypatch.setenv("XLA_PYTHON_CLIENT_PREALLOCATE", preallocate)
+    message = refuse_if_held(holding(LIMIT), LIMIT).message
+    assert message.startswith("not measured: this process holds "), message
+    assert ("XLA_PYTHON_CLIENT_PREALLOCATE=false" in message) == hint, message
+    assert message.count("\n") == 0
 
 
 @pytest.mark.parametrize("device", [

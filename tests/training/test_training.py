@@ -244,7 +244,7 @@ def test_microbatches_take_every_kth_sample():
 
 
 @pytest.mark.parametrize("k", [2, 4])
-def test_strided_microbatches_keep_the_full_batch_loss_to_float32_rounding(world, baseline, k):
+def test_microbatches_keep_the_full_batch_loss_to_float32_rounding(world, baseline, k):
     loss0, g0 = baseline
     loss1, g1 = _loss_grads(world, MemoryConfig(microbatches=k))
     assert float(loss1) == pytest.approx(float(loss0), rel=1e-6)
