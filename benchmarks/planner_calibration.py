@@ -39,6 +39,7 @@ from gclab.config import get_preset
 from gclab.files import write_text_atomic
 from gclab.limits import TooLarge, format_bytes
 from gclab.measure import machine
+from gclab.measure.peak import memory_stats
 from gclab.memory.config import MemoryConfig
 from gclab.sizing.planner import ladder
 from gclab.sizing.speed import calibration_name, fit_calibration, present_device
@@ -56,25 +57,38 @@ def hardware() -> dict:
     return machine()
 
 
+def in_use_bytes() -> int:
+    """Bytes this process's arrays hold on its device now (``bytes_in_use``; 0 where the
+    device reports none, as a CPU): the warmed candidates keep their state there."""
+    import jax
+
+    stats = memory_stats(jax.devices()[0])
+    value = stats.get("bytes_in_use") if stats is not None else None
+    return int(value) if isinstance(value, int) and value > 0 else 0
+
+
 def live_step(spec: StepSpec, usable: Optional[int]):
     """A warmed runnable step of `spec` (`gclab.sizing.make_live_step`), or why it is not
-    run: its compiled plan does not fit `usable` bytes (`gclab.devices.fits`; None: no
-    allocator limit, as on a CPU), or it was refused as too large (`gclab.limits.TooLarge`).
+    run: its compiled plan does not fit `usable` bytes less what the candidates warmed
+    before it hold on the device (`in_use_bytes`; `gclab.devices.fits`; None: no allocator
+    limit, as on a CPU), or it was refused as too large (`gclab.limits.TooLarge`).
     """
-    planned = []
+    planned, held = [], in_use_bytes() if usable is not None else 0
 
     def run_if(memory) -> bool:
         planned.append(memory.total_bytes)
-        return usable is None or devices.fits(memory.total_bytes, usable)
+        return usable is None or devices.fits(memory.total_bytes, usable - held)
 
     try:
         step = compile_train_step(spec, live=True, run_if=run_if)
     except TooLarge as e:
         return None, (str(e).strip().splitlines() or [""])[0]
     if step.run is None:
+        kept = (f" less {format_bytes(held)} the candidates warmed before it hold"
+                if held else "")
         return None, (f"plan {format_bytes(planned[-1])} does not fit this device's "
-                      f"{format_bytes(usable)} usable (plans up to {devices.FIT_MARGIN:.0%} "
-                      "of it)")
+                      f"{format_bytes(usable)} usable{kept} (plans up to "
+                      f"{devices.FIT_MARGIN:.0%} of it)")
     step.run()  # compiled and run once, so that timed calls measure the step alone
     return step.run, ""
 

@@ -471,6 +471,31 @@ def test_planner_calibration_skips_candidates_that_do_not_fit_the_card(t4, calib
     assert json.loads(shipped.read_text())["skipped"] == record["skipped"]
 
 
+def test_planner_calibration_counts_what_the_warmed_candidates_hold(t4, calibration, capsys,
+                                                                    tmp_path, monkeypatch):
+    """Each warmed candidate keeps its state on the card: the next one is sized against the
+    usable memory less what the card's allocator says is in use."""
+    ran, held = [], []
+    fake = _fake_compile({}, ran)  # every plan 2 GiB
+
+    def compile_train_step(spec, graphs=None, **kwargs):
+        step = fake(spec, graphs, **kwargs)
+        if step.run is not None:
+            held.append(step.memory.total_bytes)  # its arrays stay on the card
+        return step
+
+    monkeypatch.setattr(t4, "memory_stats", lambda: {
+        "bytes_limit": t4._limit, "bytes_in_use": sum(held), "peak_bytes_in_use": sum(held)})
+    pc = calibration(compile_train_step)
+    assert pc.main(["--presets", "graphcast-small", "--repeats", "1"]) == 0
+    record = json.loads((tmp_path / "results" / "planner-calibration-t4.json").read_text())
+    # 10.92 GiB usable: 2 GiB plans fit 90% of what is left while 8 GiB or less is held.
+    assert len(record["measurements"]) == 5 and sum(held) == 10 * 2**30
+    first = record["skipped"][0]["skipped"]
+    assert first == ("plan 2.00 GiB does not fit this device's 10.92 GiB usable less "
+                     "10.00 GiB the candidates warmed before it hold (plans up to 90% of it)")
+
+
 def test_planner_calibration_with_too_few_candidates_that_fit_says_so_in_one_line(
         t4, calibration, capsys, tmp_path):
     ran = []
