@@ -52,7 +52,7 @@ import jax
 
 from gclab import devices
 from gclab.config import WrongType, is_int, is_number, require_count
-from gclab.measure.compiled import format_bytes
+from gclab.measure.compiled import GPU_PLATFORMS, format_bytes
 
 _OOM_MARKERS = ("RESOURCE_EXHAUSTED", "Out of memory", "out of memory", "MemoryError")
 _RESULT_PREFIX = "GCLAB_MEASURE_RESULT="
@@ -163,11 +163,11 @@ def held_bytes(stats: object) -> int:
 
 def _card_bytes(platform: str, limit: int) -> int:
     """The card's memory from its allocator limit: a GPU's pool is `mem_fraction` of it."""
-    if platform not in ("gpu", "cuda", "rocm"):
+    if platform not in GPU_PLATFORMS:
         return limit  # a TPU's limit is its whole memory
     try:
         return int(limit / devices.mem_fraction())
-    except ValueError:  # a bad XLA_PYTHON_CLIENT_MEM_FRACTION: count the limit alone
+    except ValueError:  # a bad memory-fraction variable: count the limit alone
         return limit
 
 
