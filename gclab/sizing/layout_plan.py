@@ -40,12 +40,12 @@ import jax
 from gclab.config import ModelConfig, TaskConfig, require_kind
 from gclab.devices import FIT_MARGIN, fits
 from gclab.geometry.graphs import graphs_for
-from gclab.measure.compiled import format_bytes
+from gclab.measure.compiled import format_bytes, plans_for_another_card
 from gclab.memory.config import PRECISIONS, RECIPES, MemoryConfig, get_recipe
 from gclab.parallel.config import layouts, pipeline_layouts
 from gclab.sizing import analytical
 from gclab.sizing.pipeline_plan import plan_pipeline, step_extra_bytes
-from gclab.sizing.planner import NothingFits, parse_budget
+from gclab.sizing.planner import NothingFits, for_another_card, parse_budget
 from gclab.sizing.speed import CARD_SPEEDS, REFERENCE_CARD, CardSpeed, card_name
 from gclab.sizing.step import StepSpec, compile_train_step
 
@@ -217,6 +217,44 @@ def compile_devices(n: int) -> list:
                      "(gclab.parallel.use_cpu_devices, or gclab plan --devices)")
 
 
+def _sized_candidates(model, task, devices, batch, rollout, precision, recipes, usable, speed,
+                      graphs, counts, candidate_layouts, targets):
+    """Every layout and recipe of `plan_layout` compiled on `targets`, and the best that fits
+    as (spec, recipe, seconds, bytes), or None."""
+    candidates, best = [], None
+    for layout in candidate_layouts:
+        for recipe in recipes or list(RECIPES):
+            row = {"parallel": layout.spec, "recipe": recipe}
+            memory = get_recipe(recipe, precision)
+            if rollout > 1 and recipe != "none":
+                memory = memory.replace(rollout_remat=True)
+            if batch % (layout.data * memory.microbatches):
+                candidates.append({**row, "skipped": f"batch {batch} is not a multiple of "
+                                   f"data:{layout.data}"})
+                continue
+            spec = StepSpec(model, task, memory, batch=batch, rollout=rollout,
+                            parallel=layout)
+            step = compile_train_step(spec, graphs, devices=targets)
+            need = step.memory.total_bytes
+            coll = int(step.memory.collective_bytes)
+            seconds = predicted_seconds(spec, coll, speed, counts)
+            ok = fits(need, usable) and step.cannot_run is None
+            candidates.append({**row, "per_device_bytes": need, "collective_bytes": coll,
+                               "predicted_seconds": seconds, "fits": ok,
+                               **_cannot_run(step)})
+            if ok and (best is None or seconds < best[2]):
+                best = (spec, recipe, seconds, need)
+    # The stage programs compile on the same backend as the whole steps.
+    with jax.default_device(targets[0]):
+        for row, spec, seconds in _pipeline_candidates(model, task, devices, batch, rollout,
+                                                       precision, recipes, usable, speed,
+                                                       graphs, targets):
+            candidates.append(row)
+            if row.get("fits") and (best is None or seconds < best[2]):
+                best = (spec, row["recipe"], seconds, row["per_device_bytes"])
+    return candidates, best
+
+
 def plan_layout(budget: Union[int, float, str], model: ModelConfig, task: TaskConfig,
                 devices: int, *, batch: int = 1, rollout: int = 1, precision: str = "f32",
                 recipes: Optional[list[str]] = None) -> LayoutPlan:
@@ -261,37 +299,12 @@ def plan_layout(budget: Union[int, float, str], model: ModelConfig, task: TaskCo
     counts = analytical.GraphCounts.for_model(model, graphs.grid2mesh.num_edges)
     candidate_layouts = list(layouts(devices))  # checks `devices`
     targets = compile_devices(devices)
-    candidates, best = [], None
-    for layout in candidate_layouts:
-        for recipe in recipes or list(RECIPES):
-            row = {"parallel": layout.spec, "recipe": recipe}
-            memory = get_recipe(recipe, precision)
-            if rollout > 1 and recipe != "none":
-                memory = memory.replace(rollout_remat=True)
-            if batch % (layout.data * memory.microbatches):
-                candidates.append({**row, "skipped": f"batch {batch} is not a multiple of "
-                                   f"data:{layout.data}"})
-                continue
-            spec = StepSpec(model, task, memory, batch=batch, rollout=rollout,
-                            parallel=layout)
-            step = compile_train_step(spec, graphs, devices=targets)
-            need = step.memory.total_bytes
-            coll = int(step.memory.collective_bytes)
-            seconds = predicted_seconds(spec, coll, speed, counts)
-            ok = fits(need, usable) and step.cannot_run is None
-            candidates.append({**row, "per_device_bytes": need, "collective_bytes": coll,
-                               "predicted_seconds": seconds, "fits": ok,
-                               **_cannot_run(step)})
-            if ok and (best is None or seconds < best[2]):
-                best = (spec, recipe, seconds, need)
-    # The stage programs compile on the same backend as the whole steps.
-    with jax.default_device(targets[0]):
-        for row, spec, seconds in _pipeline_candidates(model, task, devices, batch, rollout,
-                                                       precision, recipes, usable, speed,
-                                                       graphs, targets):
-            candidates.append(row)
-            if row.get("fits") and (best is None or seconds < best[2]):
-                best = (spec, row["recipe"], seconds, row["per_device_bytes"])
+    # On a host of several GPUs, a plan for another card's budget leaves XLA:GPU's remat
+    # pass out, as `plan` does: the pass would shrink it towards the present card's memory.
+    with plans_for_another_card(for_another_card(budget, usable, targets[0].platform)):
+        candidates, best = _sized_candidates(model, task, devices, batch, rollout, precision,
+                                             recipes, usable, speed, graphs, counts,
+                                             candidate_layouts, targets)
     if best is None:
         sized = [c for c in candidates if not c.get("skipped")]
         if not sized:

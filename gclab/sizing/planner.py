@@ -298,13 +298,16 @@ def _compiled_total(model: ModelConfig, task: TaskConfig, mem: MemoryConfig, bat
         return train_step_memory(StepSpec(model, task, mem, batch, rollout)).total_bytes
 
 
-def _for_another_card(budget: Union[int, float, str], total: int) -> bool:
-    """Whether a plan for `budget` (`total` usable bytes) is for another card than this
-    machine's GPU: neither its allocator's limit nor the name of its card. XLA:GPU's
-    remat pass targets the present card's memory: for another card's budget, the plan's
-    compiles leave it out (`gclab.measure.compiled.plans_for_another_card`)."""
-    if jax.default_backend() not in GPU_PLATFORMS:
-        return False  # no GPU here: the pass is not run to fit memory
+def for_another_card(budget: Union[int, float, str], total: int,
+                     platform: Optional[str] = None) -> bool:
+    """Whether a plan for `budget` (`total` usable bytes), compiled for devices of `platform`
+    (default: the default backend's), is for another card than this machine's GPU: neither
+    its allocator's limit nor the name of its card. XLA:GPU's remat pass targets the present
+    card's memory: for another card's budget, the plan's compiles leave it out
+    (`gclab.measure.compiled.plans_for_another_card`). `plan` and
+    `gclab.sizing.layout_plan.plan_layout` (a host with several GPUs) ask it."""
+    if (platform or jax.default_backend()) not in GPU_PLATFORMS:
+        return False  # not compiled for a GPU: the pass is not run to fit memory
     if total == usable_bytes():
         return False
     named = card_name(budget)
@@ -355,7 +358,7 @@ def plan(budget: Union[int, float, str], model: ModelConfig, task: TaskConfig, *
     usable = int(headroom * total)
     compiled = (model.num_grid_nodes <= AUTO_COMPILE_MAX_GRID_NODES
                 if use_compiled == "auto" else bool(use_compiled))
-    another_card = compiled and _for_another_card(budget, total)
+    another_card = compiled and for_another_card(budget, total)
     counts = analytical.GraphCounts.for_model(model)
     u = ACTIVATION_BYTES[precision]
 

@@ -1,6 +1,7 @@
 """A plan-only compile's options follow the platform it targets, and on a GPU leave XLA's
 rematerialization pass out where a plan is for another card's memory."""
 
+import contextlib
 import types
 
 import jax
@@ -138,3 +139,33 @@ def test_the_planner_on_a_cpu_keeps_its_options(no_flags, planner_compiles):
     assert _plan("H100").source == "compiled"
     assert planner_compiles == [dict(mc.PLAN_ONLY_CPU_OPTIONS)] * len(planner_compiles)
     assert planner_compiles
+
+
+@pytest.fixture
+def layout_compiles(monkeypatch):
+    """The options each of `plan_layout`'s compiles would get, with one byte per device;
+    its stage programs are left out (what they compile is `plan_layout`'s business)."""
+    from gclab.sizing import layout_plan
+
+    seen = []
+
+    def compile_train_step(spec, graphs=None, **kwargs):
+        seen.append(mc.plan_only_options(platform=kwargs["devices"][0].platform))
+        return types.SimpleNamespace(
+            memory=types.SimpleNamespace(total_bytes=1, collective_bytes=0), cannot_run=None)
+
+    monkeypatch.setattr(layout_plan, "compile_train_step", compile_train_step)
+    monkeypatch.setattr(layout_plan, "_pipeline_candidates", lambda *a, **k: iter(()))
+    monkeypatch.setattr(jax, "default_device", lambda device: contextlib.nullcontext())
+    yield seen
+
+
+@pytest.mark.parametrize("budget, options", [("H100", NO_REMAT), ("T4", None)])
+def test_a_layout_plan_on_a_host_of_gpus_leaves_xla_remat_out_for_another_card(
+        budget, options, no_flags, on_a_gpu, layout_compiles):
+    """A host whose default backend has the devices (here one T4) compiles the layouts on
+    them: for another card's budget without XLA:GPU's remat pass, as `plan` does."""
+    from gclab.sizing.layout_plan import plan_layout
+
+    assert plan_layout(budget, PLAN_MODEL, TASK, 1, recipes=["none"]).per_device_bytes == 1
+    assert layout_compiles and all(o == options for o in layout_compiles), layout_compiles
