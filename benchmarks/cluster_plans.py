@@ -40,7 +40,7 @@ MAX_DEVICES = 32
 jax.config.update("jax_num_cpu_devices", MAX_DEVICES)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from fresh_clone import commit  # noqa: E402
+from fresh_clone import commit, kept_rows  # noqa: E402
 
 from gclab.config import get_preset  # noqa: E402
 from gclab.files import write_text_atomic  # noqa: E402
@@ -91,11 +91,7 @@ def recorded(path: Path) -> dict:
 def merged(rows: list, preset: str, old: dict) -> list:
     """`rows` with `old`'s rows of `preset` whose questions are not among them, in cluster
     order."""
-    mine = {_key(r) for r in rows}
-    # Rows recorded before rows carried their own date keep the date of their file.
-    dated = [{"date": old["hardware"]["date"], **r} for r in old["rows"]
-             if r["preset"] == preset]
-    rows = rows + [r for r in dated if _key(r) not in mine]
+    rows = rows + kept_rows(rows, old, _key, lambda r: r["preset"] == preset)
     order = list(CLUSTERS)
     return sorted(rows, key=lambda r: (order.index(r["cluster"]), r["precision"] != "f32",
                                        r["batch"]))

@@ -98,6 +98,16 @@ def hardware() -> dict:
     return dict(hardware_report())
 
 
+def kept_rows(rows: list, old: dict, key, keep=lambda row: True) -> list:
+    """The rows of the record `old` (``{"rows": [...]}``, with ``hardware.date`` where it has
+    rows) that `keep` accepts and whose `key` no row of `rows` has: what a benchmark that
+    adds a run of some questions to a record keeps of the runs before. Rows recorded before
+    rows carried their own date get the date of their file."""
+    mine = {key(r) for r in rows}
+    return [{"date": old["hardware"]["date"], **r} for r in old["rows"]
+            if keep(r) and key(r) not in mine]
+
+
 def write_record(name: str, record: dict, suffix: str = "") -> Path:
     """Writes `record` to ``benchmarks/results/<name>-<backend><suffix>.json`` whole, then
     renamed (`gclab.files.write_text_atomic`): a run stopped halfway leaves the earlier

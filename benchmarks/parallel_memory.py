@@ -39,6 +39,9 @@ import jax
 MAX_DEVICES = 8
 jax.config.update("jax_num_cpu_devices", MAX_DEVICES)
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from fresh_clone import kept_rows  # noqa: E402
+
 from gclab.config import get_preset  # noqa: E402
 from gclab.files import write_text_atomic  # noqa: E402
 from gclab.measure import format_bytes, machine  # noqa: E402
@@ -93,9 +96,8 @@ def merged(rows: list, path: Path) -> list:
     preset's record instead of replacing it. Rows recorded before rows carried their own date
     keep the date of their file."""
     old = json.loads(path.read_text()) if path.is_file() else {"rows": []}
-    mine = {_key(r) for r in rows}
-    kept = [{"date": old["hardware"]["date"], **r} for r in old["rows"] if _key(r) not in mine]
-    return sorted(rows + kept, key=lambda r: (r["recipe"], r["devices"], r["parallel"]))
+    return sorted(rows + kept_rows(rows, old, _key),
+                  key=lambda r: (r["recipe"], r["devices"], r["parallel"]))
 
 
 def layout_of(kind: str, devices: int) -> tuple[ParallelConfig, int]:
