@@ -553,21 +553,20 @@ def measured_peak(spec, repeats: int = 2, *, plan_bytes: Optional[int] = None
 
         return train_step_memory(spec).total_bytes
 
-    if _why_not_measured(jax.devices()[0], plan if plan_bytes is None else plan_bytes):
+    device = jax.devices()[0]
+    if _no_peak(device):
         return None
     r = measure_peak("gclab.sizing.sweep:timed_steps",
-                     {"spec_json": spec.to_json(), "steps": repeats})
+                     {"spec_json": spec.to_json(), "steps": repeats}, device=device,
+                     plan_bytes=plan if plan_bytes is None else plan_bytes)
     return r.peak_bytes if r.ok else None
 
 
-def _why_not_measured(device, plan_bytes) -> Optional[str]:
-    """Why no fresh process measures a plan from this process's `device` (None: go ahead).
-
-    A device that reports no peak (`gclab.measure.peak.device_peak_available`, the one
-    test the fresh process applies too), or this process holding too much of its card
-    (`gclab.measure.peak.refuse_if_held`). A CPU device (this process holds no card) is
-    never refused here.
-    """
+def _no_peak(device) -> Optional[str]:
+    """Why `device` cannot have a fresh process measure its peak (None: it can): it reports
+    none (`gclab.measure.peak.device_peak_available`, the one test the fresh process
+    applies too). A CPU device is never refused here. Whether this process holds too much of
+    the card is `measure_peak`'s own check (its ``device=`` and ``plan_bytes=``)."""
     from gclab.measure import peak
 
     if getattr(device, "platform", "cpu") == "cpu":
@@ -575,8 +574,7 @@ def _why_not_measured(device, plan_bytes) -> Optional[str]:
     stats = peak.memory_stats(device)
     if not peak.device_peak_available(stats):
         return peak.no_peak_reason(str(device.platform), stats)
-    refused = peak.refuse_if_held(device, plan_bytes)
-    return refused.message if refused is not None else None
+    return None
 
 
 #: Recording of each chapter made by ``benchmarks/record_gpu.py`` (``gpu-<scale>-<part>``).
@@ -764,11 +762,12 @@ def planned_and_measured(configs, *, plans=None, usable: Optional[int] = None,
             why = NOT_MEASURED.format(backend=backend)
         elif not devices.fits(total, usable):
             why = f"not run: needs {_format(total)}, does not fit this card"
-        else:  # a device without a peak, or a card this process holds too much of
-            why = _why_not_measured(device, total)
+        else:  # a device without a peak (a card this process holds too much of: below)
+            why = _no_peak(device)
         if why is None:
             r = measure.measure_peak("gclab.sizing.sweep:timed_steps",
-                                     {"spec_json": spec.to_json(), "steps": repeats})
+                                     {"spec_json": spec.to_json(), "steps": repeats},
+                                     device=device, plan_bytes=total)
             first = (r.message or "no peak reported").strip().splitlines()[0]
             if r.ok and r.peak_bytes is not None:
                 peak = int(r.peak_bytes)

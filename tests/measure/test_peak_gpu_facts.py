@@ -18,7 +18,7 @@ import types
 import jax
 import pytest
 
-from gclab import measure, notebook
+from gclab import notebook
 from gclab.config import ModelConfig, TaskConfig
 from gclab.limits import format_bytes
 from gclab.measure import peak
@@ -92,15 +92,20 @@ def no_child(monkeypatch):
 
 @pytest.fixture
 def fake_measure(monkeypatch):
-    """`measure_peak` of the chapters stood in for: it returns `calls.result`."""
+    """The fresh process of `measure_peak` stood in for: it reports `calls.result`. The
+    parent's own checks (`refuse_if_held`) run as they are."""
     calls = types.SimpleNamespace(made=[], result=PeakResult("ok", backend="gpu",
                                                              peak_bytes=1250))
 
-    def fake(target, kwargs, **more):
-        calls.made.append(target)
-        return calls.result
+    def child(*args, input, **kwargs):
+        calls.made.append(json.loads(input)["target"])
+        r = calls.result
+        report = {"status": r.status, "message": r.message, "backend": r.backend,
+                  "peak_bytes": r.peak_bytes}
+        return types.SimpleNamespace(stdout=peak._RESULT_PREFIX + json.dumps(report),
+                                     stderr="", returncode=0)
 
-    monkeypatch.setattr(measure, "measure_peak", fake)
+    monkeypatch.setattr(peak.subprocess, "run", child)
     return calls
 
 

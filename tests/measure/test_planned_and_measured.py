@@ -43,9 +43,11 @@ def test_on_a_gpu_each_config_that_fits_is_measured_in_a_fresh_process(monkeypat
                "fails": PeakResult("oom", message="RESOURCE_EXHAUSTED: Out of memory\nmore")}
     calls = []
 
-    def fake_measure_peak(target, kwargs):
+    def fake_measure_peak(target, kwargs, *, device, plan_bytes):
         label = next(k for k, s in configs.items() if s.to_json() == kwargs["spec_json"])
         calls.append((target, label, kwargs["steps"]))
+        # What it needs to refuse a card this process holds too much of.
+        assert device is jax.devices()[0] and plan_bytes == plans[label][0]
         return reports[label]
 
     configs = {"fits": SPECS["f32"], "fails": SPECS["bf16"],
