@@ -268,3 +268,14 @@ def test_step_spec_carries_a_layout():
     assert spec.describe()["devices"] == 4 and spec.describe()["parallel"] == "data:2,spatial:2"
     with pytest.raises(ValueError, match="StepSpec.batch=3 is invalid"):
         StepSpec(model, task, batch=3, parallel=ParallelConfig(data=2))
+
+
+def test_the_former_module_of_collective_bytes_still_imports_and_says_where_it_went():
+    import importlib
+    import sys
+
+    sys.modules.pop("gclab.measure.collectives", None)
+    with pytest.warns(DeprecationWarning, match="moved to gclab.parallel.collectives"):
+        old = importlib.import_module("gclab.measure.collectives")
+    assert old.collective_bytes is collective_bytes
+    assert old.collective_bytes(HLO) == collective_bytes(HLO)
