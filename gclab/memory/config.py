@@ -65,7 +65,11 @@ class MemoryConfig:
         Checkpointing every step roughly makes the backward pass of the processor two
         times more expensive in FLOPs and removes all but its step boundaries from memory.
       remat_group_size: k for `every` and `nested` (the GraphCast authors used 3); the
-        default 1 for the other kinds, which have no groups.
+        default 1 for the other kinds, which have no groups. Groups hold at most k steps:
+        the last is shorter where k does not divide the steps it checkpoints, and a k of
+        at least those steps makes one group of them all (the named recipes rely on it for
+        short processors and pipeline stages; `gclab train --remat` refuses a k above the
+        model's steps, where a typo is likelier than intent).
       remat_ratio: r for `ratio`: the first ceil(r * S) steps are checkpointed; the
         default 1.0 for the other kinds.
       remat_policy: what checkpointed code may save (`nothing` saves least); `nothing`
