@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -172,3 +173,25 @@ def test_memory_reports_a_layout_that_cannot_run_and_accepts_an_even_one():
     even = _gclab("memory", *TINY, "--parallel", "spatial:2,pipeline:2", "--json")
     assert even.returncode == 0, even.stderr[-3000:]
     assert "cannot_run" not in json.loads(even.stdout) and even.stderr == ""
+
+
+def test_a_live_compile_refuses_a_step_that_cannot_run_before_allocating(monkeypatch):
+    """`compile_train_step(live=True)`, what the chapters and the sweep call: a step whose
+    compiled stages would hang raises before any array is made; one that `run_if` will not
+    run keeps its plan and the reason (the planner's and `gclab memory`'s case)."""
+    from gclab.config import ModelConfig, TaskConfig
+    from gclab.sizing import step as step_module
+
+    reason = "the compiler put 1 collective-permute(s) inside the pipeline's stages"
+    monkeypatch.setattr(step_module, "stage_collectives_error", lambda hlo, layout: reason)
+
+    def no_arrays(*args, **kwargs):
+        raise AssertionError("arrays were made for a step that cannot run")
+
+    monkeypatch.setattr(step_module, "_random_args", no_arrays)
+    spec = step_module.StepSpec(ModelConfig(resolution=6.0, mesh_splits=2, latent_size=16,
+                                            processor_steps=2), TaskConfig.from_levels(13))
+    with pytest.raises(StagesWouldHang, match=re.escape(f"cannot run: {reason}")):
+        step_module.compile_train_step(spec, live=True)
+    kept = step_module.compile_train_step(spec, live=True, run_if=lambda memory: False)
+    assert kept.cannot_run == reason and kept.memory.total_bytes > 0
