@@ -117,15 +117,18 @@ def test_plan_layout_names_a_bad_argument_before_compiling(kwargs, error, words,
 
 def test_layouts_compile_on_cpu_devices_where_the_default_backend_has_too_few(monkeypatch):
     """A machine with one GPU plans an eight-device layout on its simulated CPU devices."""
+    import types
+
     import jax
 
     from gclab.sizing.layout_plan import compile_devices
 
-    cpu = [f"cpu{i}" for i in range(8)]
+    cpu = [types.SimpleNamespace(platform="cpu", id=i) for i in range(8)]
+    gpu = types.SimpleNamespace(platform="gpu", id=0)
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
     monkeypatch.setattr(jax, "devices", lambda backend=None: cpu if backend == "cpu"
-                        else ["gpu0"])
-    assert compile_devices(1) == ["gpu0"]
+                        else [gpu])
+    assert compile_devices(1) == [gpu]
     assert compile_devices(8) == cpu
     with pytest.raises(ValueError, match=r"^plan_layout: devices=9 is more than this process "
                        r"has \(1 gpu, 8 cpu\): ask for 9 simulated CPU devices"):
