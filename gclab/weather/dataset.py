@@ -13,7 +13,11 @@ This module turns such a dataset into gclab's `RawExample` (channel layout of
 weather can be written in the official layout (`synthetic_dataset`), and statistics
 computed from any dataset (`compute_stats`). Year and day progress are derived from
 `datetime` exactly as the official input extraction does (each of them, and of their sin and
-cos, that the dataset lacks); top-of-atmosphere solar radiation must be in the dataset.
+cos, that the dataset lacks), lazily: a window's frames are computed as they are read, so
+that a long dataset costs no whole-dataset arrays. Top-of-atmosphere solar radiation must be
+in the dataset. Every dataset is read in the official layout whatever its latitude order (it
+is sorted south to north) and, without a `datetime` coordinate, with the datetimes of a
+`time` that holds them (as CDO writes files) taken for `datetime` (`official_layout`).
 
 `channel_permutations` gives the order of the official network's input and output
 channels (variables sorted by name; time, then level, inside a variable; forcings of the
@@ -62,6 +66,10 @@ STATS_FILES = {"mean": "mean_by_level.nc", "stddev": "stddev_by_level.nc",
                "diffs_stddev": "diffs_stddev_by_level.nc"}
 SECONDS_PER_DAY = 86400
 PROGRESS = ("year_progress", "day_progress")
+#: Time steps per chunk of the progress features `add_derived_vars` adds: they are lazy
+#: (dask), and a window's frames compute only the chunks that hold them (a 0.25 deg day
+#: progress chunk is 64 x 1440 float32, 0.4 MB), however long the dataset is.
+PROGRESS_CHUNK = 64
 #: The variables gclab reads from a dataset and from the mean and standard deviation files;
 #: the 6-hour-change file is read for the targets only.
 INPUT_VARIABLES = (SURFACE_VARIABLES + ATMOSPHERIC_VARIABLES + FORCING_VARIABLES
@@ -301,7 +309,8 @@ def open_dataset(path: PathLike):
     """Opens a netCDF file or zarr folder lazily; `DataError` names what is wrong.
 
     A WeatherBench2-style store (`latitude`/`longitude`, north to south, datetimes in
-    `time`) is turned into the official layout (`gclab.weather.era5`).
+    `time`) is turned into the official layout (`gclab.weather.era5`); any other dataset
+    is read with lat south to north and its `datetime` (`official_layout`).
 
     Raises:
       TypeError: `path` not a str or `os.PathLike`.
@@ -332,8 +341,49 @@ def open_dataset(path: PathLike):
             ds = to_official_layout(ds)
         except DataError as e:
             raise DataError(f"{path}: {e}") from None
+    ds = official_layout(ds)
     ds.encoding["source"] = str(path)  # as the user gave it: messages name it (`_source`)
     return ds
+
+
+def official_layout(ds):
+    """`ds` with lat south to north and, where it has no `datetime` coordinate but a `time`
+    that holds datetimes (as CDO writes files), `time` as lead times from its first and
+    its datetimes as `datetime` (on `time`, for every batch row), as the official layout
+    has them. Nothing is read but the coordinates: a lazy dataset stays lazy.
+
+    Every command reads a dataset through this (`open_dataset`, `check_dataset`,
+    `compute_stats`), so that statistics, forecasts and training read one file the same.
+    """
+    if "lat" in ds.dims and "lat" in ds.coords and ds.sizes["lat"] > 1 and bool(
+            np.any(np.diff(np.asarray(ds["lat"].values, np.float64)) < 0)):
+        ds = ds.sortby("lat")
+    time = ds.coords.get("time")
+    if ("datetime" not in ds.coords and time is not None and time.dims == ("time",)
+            and time.dtype.kind == "M"):
+        dt = time.values.astype("datetime64[ns]")  # [T]
+        ds = ds.assign_coords(time=("time", dt - dt[0]), datetime=("time", dt))
+    return ds
+
+
+def dataset_levels(ds, where: str) -> Optional[list]:
+    """The dataset's pressure levels (a list, in its order), None where it has no `level`
+    coordinate.
+
+    Raises:
+      DataError: a `level` that is no dimension (a scalar one, as `ds.sel(level=500)`
+        leaves): the atmospheric variables then have no level to select or read.
+    """
+    if "level" not in ds.coords:
+        return None
+    level = ds.coords["level"]
+    values = np.atleast_1d(level.values).tolist()
+    if level.dims != ("level",):
+        held = (f"a scalar coordinate ({values[0]})" if level.ndim == 0 else
+                f"a coordinate on {level.dims}, not a dimension")
+        raise DataError(f"{where}: level is {held}: atmospheric variables need a level "
+                        f"dimension")
+    return values
 
 
 def _is_hdf5(path: Path) -> bool:
@@ -434,6 +484,10 @@ def add_derived_vars(ds):
     recomputed from `datetime` (seconds since 1970) and `lon`. Features the dataset holds
     are kept; a dataset holding the four sin/cos features needs no `datetime`.
 
+    The features added are lazy (dask arrays of `PROGRESS_CHUNK` time steps a chunk): the
+    frames an example reads are computed as they are read, so that a long dataset costs
+    no whole-dataset arrays in memory (`compute_stats` reduces them a chunk at a time).
+
     Raises:
       TypeError: `ds` not an xarray Dataset.
       DataError: a feature to recompute and no `datetime` or `lon` coordinate, or a
@@ -449,7 +503,11 @@ def add_derived_vars(ds):
             continue
         lacking += [name] if name not in ds.data_vars else []
         if name in ds.data_vars:  # the dataset's progress: its sin/cos, lazily
-            progress = ds[name].astype(np.float32)
+            progress = ds[name]
+            if progress.chunks is None:  # not dask: np.sin would read all of it now
+                progress = progress.chunk({d: PROGRESS_CHUNK if d == "time" else -1
+                                           for d in progress.dims})
+            progress = progress.astype(np.float32)
             phase = progress * (2 * np.pi)
             got = {name: progress, f"{name}_sin": np.sin(phase),
                    f"{name}_cos": np.cos(phase)}
@@ -462,18 +520,27 @@ def add_derived_vars(ds):
 
 def _progress_from_datetime(ds, name: str, where: str) -> dict:
     """{feature: (dims, float32 values)} of progress `name` and its sin/cos, from
-    `datetime` (and, for the day's, `lon`), as the official extraction computes them."""
+    `datetime` (and, for the day's, `lon`), as the official extraction computes them.
+
+    The values are dask arrays of `PROGRESS_CHUNK` time steps a chunk, computed where they
+    are read (the same numbers as numpy's, element by element); only the coordinates are
+    read now."""
+    import dask.array
+
     for coord in ("datetime",) + (("lon",) if name == "day_progress" else ()):
         if coord not in ds.coords:
             raise DataError(f"{where}: the dataset has no {coord!r} coordinate (needed to "
                             f"compute the {name}_sin and {name}_cos forcings, which it lacks)")
     _check_time_kind(ds.coords["datetime"], "datetime", where)
-    seconds = ds.coords["datetime"].data.astype("datetime64[s]").astype(np.int64)
+    seconds = np.asarray(ds.coords["datetime"].values).astype("datetime64[s]").astype(
+        np.int64)  # [B, T] or [T]: 8 bytes a time step, as the coordinate itself
     dims = tuple(ds.coords["datetime"].dims)  # (batch, time) or (time,)
+    seconds = dask.array.from_array(
+        seconds, chunks=tuple(PROGRESS_CHUNK if d == "time" else -1 for d in dims))
     if name == "year_progress":
         years = seconds / SECONDS_PER_DAY / np.float64(DAYS_PER_YEAR)
         return _featurize(name, dims, np.mod(years, 1.0).astype(np.float32))
-    lon = ds.coords["lon"].data
+    lon = np.asarray(ds.coords["lon"].values)
     day = np.mod(seconds, SECONDS_PER_DAY) / SECONDS_PER_DAY
     progress = np.mod(day[..., None] + np.deg2rad(lon) / (2 * np.pi), 1.0)
     return _featurize(name, dims + ds.coords["lon"].dims, progress.astype(np.float32))
@@ -491,14 +558,18 @@ def compute_stats(ds) -> Stats:
     Every data variable is reduced over all its dims but `level` (plain means, each grid
     point counting once); the differences are taken along `time` (consecutive frames, which
     `check_times` makes sure are 6 hours apart) for variables that have it. A lazy dataset
-    is read one variable at a time, its three statistics in one pass.
+    is read one variable at a time, its three statistics in one pass. The dataset is read
+    as `check_dataset` reads it (`official_layout`), with the progress features it lacks
+    added (`add_derived_vars`).
 
     Raises:
       TypeError: `ds` not an xarray Dataset.
       DataError: fewer than 2 time steps (the 6-hour change needs two), a time axis that
-        is not 6-hourly, a damaged chunk, or a variable gclab uses holding a value that is
-        not finite (other variables skip NaN, as xarray does); the message names the file,
-        the variable and, for a value, the first time step.
+        is not 6-hourly, a `level` that is no dimension (`dataset_levels`), progress
+        features to compute and no `datetime` (nor a `time` of datetimes), a damaged chunk,
+        or a variable gclab uses holding a value that is not finite (other variables skip
+        NaN, as xarray does); the message names the file, the variable and, for a value,
+        the first time step.
     """
     _require_dataset("ds", ds)
     xarray = _xarray()
@@ -510,8 +581,10 @@ def compute_stats(ds) -> Stats:
         raise DataError(f"{where}: the dataset has {has}; the standard deviation of the "
                         f"6-hour change ({STATS_FILES['diffs_stddev']}) needs at least 2 "
                         f"time steps")
+    ds = official_layout(ds)
     check_times(ds, where)
-    ds = add_derived_vars(ds) if "datetime" in ds.coords else ds
+    dataset_levels(ds, where)  # else 0-d statistics, which no task can read by level
+    ds = add_derived_vars(ds)
     out: tuple = ({}, {}, {})  # mean, stddev, diffs_stddev: {variable: statistic}
     for name, v in ds.data_vars.items():
         if v.dtype.kind not in "biuf" and name not in INPUT_VARIABLES:
@@ -520,7 +593,9 @@ def compute_stats(ds) -> Stats:
         dims = [x for x in v.dims if x != "level"]
         # gclab's variables propagate a NaN (found below); others skip it, as before.
         skipna = False if name in INPUT_VARIABLES else None
-        v64 = v.astype(np.float64)
+        # In C order: sums of the same values in the same order, however they were stored
+        # (a north-to-south file is sorted by a view), so one field gives one statistic.
+        v64 = v.astype(np.float64, order="C")
         parts = {"mean": v64.mean(dims, skipna=skipna), "std": v64.std(dims, skipna=skipna)}
         if "time" in v.dims:
             parts["diffs"] = v64.diff("time").std(dims, skipna=skipna)
@@ -725,12 +800,15 @@ def check_dataset(ds, task: TaskConfig, grid_lat: Optional[np.ndarray] = None,
     its kind (`VARIABLE_DIMS`): a static one carrying `time` or `batch` (as some ERA5
     downloads' land-sea mask does) is taken at its first time step and batch row. Messages
     start with `what`, by default the file the dataset was opened from (`open_dataset`).
+    The dataset is read in the official layout (`official_layout`): lat sorted south to
+    north, and a `time` of datetimes taken for a missing `datetime`.
 
     Raises:
       TypeError: `ds` not an xarray Dataset, `task` not a `TaskConfig`.
-      DataError: a dimension, coordinate, level or variable missing; a time axis that is
-        not 6-hourly (`check_times`); a variable with dims its kind does not allow; lat
-        north to south, or a grid other than `grid_lat` x `grid_lon`.
+      DataError: a dimension, coordinate, level or variable missing; a `level` that is no
+        dimension (`dataset_levels`); a time axis that is not 6-hourly (`check_times`); a
+        variable with dims its kind does not allow; a grid other than `grid_lat` x
+        `grid_lon`.
     """
     _require_dataset("ds", ds)
     require_kind("task", task, TaskConfig)
@@ -740,13 +818,15 @@ def check_dataset(ds, task: TaskConfig, grid_lat: Optional[np.ndarray] = None,
         if dim not in ds.dims:
             raise DataError(f"{what}: no {dim!r} dimension (dims are {sorted(ds.dims)}; "
                             f"the official layout has batch, time, lat, lon, level)")
+    ds = official_layout(ds)
     check_times(ds, what)
-    if "level" not in ds.coords:
+    levels = dataset_levels(ds, what)
+    if levels is None:
         raise DataError(f"{what}: no 'level' coordinate")
-    missing = sorted(set(task.pressure_levels) - set(ds.coords["level"].values.tolist()))
+    missing = sorted(set(task.pressure_levels) - set(levels))
     if missing:
         raise DataError(f"{what}: level has no pressure levels {missing} (it has "
-                        f"{ds.coords['level'].values.tolist()})")
+                        f"{levels})")
     ds = ds.sel(level=list(task.pressure_levels))
     needed = set(SURFACE_VARIABLES + ATMOSPHERIC_VARIABLES + STATIC_VARIABLES) | {
         "toa_incident_solar_radiation"}
@@ -762,9 +842,6 @@ def check_dataset(ds, task: TaskConfig, grid_lat: Optional[np.ndarray] = None,
         first = {d: 0 for d in ("batch", "time") if d in ds[name].dims}
         if first:
             ds = ds.assign({name: ds[name].variable.isel(first)})
-    if ds.sizes["lat"] > 1 and float(ds["lat"][0]) > float(ds["lat"][-1]):
-        raise DataError(f"{what}: lat runs north to south; the official layout runs "
-                        f"south to north (use `gclab.weather.era5` for WeatherBench2 zarr)")
     for name, grid in (("lat", grid_lat), ("lon", grid_lon)):
         if grid is not None and (ds.sizes[name] != len(grid) or not np.allclose(
                 ds[name].values, grid, atol=1e-6)):
@@ -840,7 +917,8 @@ def _non_finite(where: str, name, value, step: Optional[int] = None,
 
 def _targets(ds, task: TaskConfig, frames: slice, where: str,
              check_targets: bool) -> np.ndarray:
-    """Target variables [T + 2, Ng, B, O] in gclab order (two input frames, T targets).
+    """Target variables [2 + T, Ng, B, O] in gclab order (two input frames, then the T
+    target frames that `frames` holds, none for a forecast).
 
     The values used must be finite: an input variable's input frames, and every variable's
     target frames where `check_targets`.
@@ -869,7 +947,7 @@ def _forcings(ds, frames: slice, n_nodes: int, n_lon: int, where: str) -> np.nda
 
 
 def raw_example(ds, task: TaskConfig, start: int = 0, rollout: int = 1,
-                check_targets: bool = True) -> RawExample:
+                check_targets: bool = True, read_targets: bool = True) -> RawExample:
     """The `RawExample` whose input frames are `start`, `start + 1` of a checked dataset.
 
     Targets are frames `start + 2 .. start + rollout + 1`; a forcing row past the end of
@@ -878,22 +956,25 @@ def raw_example(ds, task: TaskConfig, start: int = 0, rollout: int = 1,
     finite in the inputs, forcings, statics or (`check_targets`, for training) the target
     frames, is a `DataError` naming the file, the variable and the time step. A forecast
     uses only the target frames' forcings: the weather of frames not yet observed may be
-    NaN (as in the official rollout's `targets_template`).
+    NaN (as in the official rollout's `targets_template`), and with `read_targets=False`
+    (`gclab.weather.forecast`) it is not read at all: the weather variables' two input
+    frames are, the forcings of every frame, and `targets` is empty ([0, Ng, B, O]).
 
     Raises:
       TypeError: `ds` not an xarray Dataset, `task` not a `TaskConfig`.
       ValueError: `start` not an integer >= 0 or `rollout` not an integer >= 1.
       DataError: too few time steps for `start` and `rollout`; a `level` coordinate that
-        is not the task's pressure levels, in its order (`check_dataset` selects them);
-        a damaged chunk or a value that is not finite.
+        is not the task's pressure levels, in its order (`check_dataset` selects them), or
+        no dimension; a damaged chunk or a value that is not finite.
     """
     _require_dataset("ds", ds)
     require_kind("task", task, TaskConfig)
     start, rollout = require_count("start", start, 0), require_count("rollout", rollout, 1)
+    require_kind("read_targets", read_targets, (bool, np.bool_), "True or False")
     where = _source(ds)
     # Levels are read in the dataset's order: any other set or order than the task's
     # would put channels where the network expects others (or index past them).
-    levels = ds.coords["level"].values.tolist() if "level" in ds.coords else None
+    levels = dataset_levels(ds, where)
     if levels != list(task.pressure_levels):
         raise DataError(f"{where}: level is {levels}, the task's pressure levels are "
                         f"{list(task.pressure_levels)} (check_dataset(ds, task) selects "
@@ -905,8 +986,9 @@ def raw_example(ds, task: TaskConfig, start: int = 0, rollout: int = 1,
     t = start + 1
     n_lon = ds.sizes["lon"]
     n_nodes = ds.sizes["lat"] * n_lon
-    frames = _targets(ds, task, slice(t - 1, t + rollout + 1), where,
-                      check_targets)  # [T + 2, Ng, B, O]
+    read = rollout if read_targets else 0  # target frames of weather read
+    frames = _targets(ds, task, slice(t - 1, t + read + 1), where,
+                      check_targets)  # [2 + T (or 0), Ng, B, O]
     stop = min(n, t + rollout + 2)
     forc = _forcings(ds, slice(t - 1, stop), n_nodes, n_lon, where)  # [<= T + 3, Ng, B, 5]
     if forc.shape[0] < rollout + 3:

@@ -20,7 +20,7 @@ from typing import Optional, Sequence, Union
 import numpy as np
 
 from gclab.config import require_kind
-from gclab.weather.dataset import DataError
+from gclab.weather.dataset import DataError, dataset_levels
 
 PathLike = Union[str, os.PathLike]
 RENAMES = {"latitude": "lat", "longitude": "lon"}
@@ -42,8 +42,8 @@ def to_official_layout(ds, times: Optional[slice] = None,
 
     Raises:
       TypeError, ValueError: `times` not a slice of datetimes (named).
-      DataError: a dimension missing, `time` not datetimes, no time step in `times`, or a
-        level of `levels` missing.
+      DataError: a dimension missing, `time` not datetimes, no time step in `times`, or,
+        with `levels`, no `level` dimension or a level of `levels` missing.
     """
     for dim in ("time", "latitude", "longitude"):
         if dim not in ds.dims:
@@ -64,7 +64,11 @@ def to_official_layout(ds, times: Optional[slice] = None,
         if ds.sizes["time"] == 0:
             raise DataError(f"WeatherBench2 dataset: no time step in {times}")
     if levels is not None:
-        missing = sorted(set(levels) - set(ds["level"].values.tolist()))
+        have = dataset_levels(ds, "WeatherBench2 dataset")  # a scalar one is refused
+        if have is None:
+            raise DataError(f"WeatherBench2 dataset: no 'level' coordinate (levels "
+                            f"{list(levels)} were asked for)")
+        missing = sorted(set(levels) - set(have))
         if missing:
             raise DataError(f"WeatherBench2 dataset: level has no pressure levels {missing}")
         ds = ds.sel(level=list(levels))
@@ -77,7 +81,12 @@ def to_official_layout(ds, times: Optional[slice] = None,
 
 def open_era5(path: PathLike, times: Optional[slice] = None,
               levels: Optional[Sequence[int]] = None):
-    """Opens a WeatherBench2-style zarr store lazily, in the official layout."""
+    """Opens a WeatherBench2-style zarr store lazily, in the official layout.
+
+    Raises:
+      DataError: no such store, not a readable zarr store, or what `to_official_layout`
+        refuses (the message names the store).
+    """
     import xarray
     path = Path(path)
     if not path.exists():

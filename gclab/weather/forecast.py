@@ -104,9 +104,9 @@ def forecast(ckpt: Checkpoint, ds, stats: Stats, steps: int,
                           model.radius_query_fraction_edge_length,
                           model.mesh2grid_edge_normalization_factor)
     ds = check_dataset(ds, task, graphs.grid_lat, graphs.grid_lon)
-    # Only the target frames' forcings are used: their weather, not yet observed, may be
-    # NaN (as in the official rollout's `targets_template`), so only inputs must be finite.
-    raw = raw_example(ds, task, start=0, rollout=steps, check_targets=False)
+    # Only the target frames' forcings are used: their weather, not yet observed (NaN in
+    # the official rollout's `targets_template`), is not read, nor held.
+    raw = raw_example(ds, task, start=0, rollout=steps, read_targets=False)
     norm = normalization_from_stats(stats, task)
     params = params_to_gclab_channels(ckpt.params, task, model.hidden_layers)
     net = make_network(model, task.data_channels, task.output_channels, memory)

@@ -18,7 +18,7 @@ from gclab.weather import (
     raw_example,
     synthetic_dataset,
 )
-from gclab.weather.era5 import open_era5, weatherbench_dataset
+from gclab.weather.era5 import open_era5, to_official_layout, weatherbench_dataset
 
 TASK = TaskConfig(pressure_levels=(500, 850))
 CFG = ModelConfig(resolution=10.0, mesh_splits=1)
@@ -153,3 +153,27 @@ def test_a_damaged_chunk_names_the_store_and_variable(tmp_path, store, zarr_form
     with pytest.raises(DataError, match="could not be read, a chunk of it is damaged "
                                         r"\(ValueError: cannot reshape"):
         compute_stats(open_era5(raw))
+
+
+def test_a_store_without_a_level_dimension_is_refused_with_levels(tmp_path, store):
+    # Was a TypeError ('int' object is not iterable) for a scalar level, a KeyError for none.
+    _, _, wb2 = store
+    scalar = tmp_path / "scalar.zarr"
+    wb2.sel(level=500).to_zarr(scalar, zarr_format=2)
+    surface = tmp_path / "surface.zarr"
+    wb2.drop_dims("level").to_zarr(surface, zarr_format=2)
+    for path, problem in ((scalar, "level is a scalar coordinate (500): atmospheric "
+                                   "variables need a level dimension"),
+                          (surface, "no 'level' coordinate (levels [500] were asked for)")):
+        with pytest.raises(DataError) as e:
+            open_era5(path, levels=(500,))
+        assert str(e.value) == f"{path}: WeatherBench2 dataset: {problem}"
+        with pytest.raises(DataError, match=f"^WeatherBench2 dataset: {re.escape(problem)}$"):
+            to_official_layout(wb2.sel(level=500) if path == scalar else
+                               wb2.drop_dims("level"), levels=(500,))
+    # Without levels asked for, the store opens; what reads it names the scalar level.
+    ds = open_era5(scalar)
+    with pytest.raises(DataError, match=f"^{scalar}: level is a scalar coordinate"):
+        check_dataset(ds, TASK)
+    with pytest.raises(DataError, match=f"^{scalar}: level is a scalar coordinate"):
+        compute_stats(ds)

@@ -155,3 +155,52 @@ def test_lead_times_are_6_hour_steps_whatever_time_holds(files):
     with pytest.raises(DataError, match=f"^{files / 'data.nc'}: time holds int64 values, it "
                                         r"must hold lead times \(timedelta64"):
         forecast(ckpt, hours, stats, 2)
+
+
+def test_the_forecast_reads_no_target_frame_of_weather(files, tmp_path):
+    # The forecast read (and kept) every weather variable's 2 + steps frames, of which it
+    # uses two: a store whose target frames are damaged now forecasts as the intact file.
+    ckpt, stats = read_checkpoint(files / "ckpt.npz"), load_stats(files / "stats")
+    ds = open_dataset(files / "data.nc").load()
+    want = forecast(ckpt, ds, stats, STEPS)
+    path = tmp_path / "damaged.zarr"
+    ds.chunk({"time": 1}).to_zarr(path, zarr_format=2)
+    for name, key in (("temperature", "0.{t}.0.0.0"), ("2m_temperature", "0.{t}.0.0")):
+        for t in range(2, STEPS + 2):  # every target frame, none of the forcings
+            chunk = path / name / key.format(t=t)
+            assert chunk.is_file()
+            chunk.write_bytes(np.random.default_rng(t).bytes(100))
+    damaged = open_dataset(path)
+    with pytest.raises(DataError, match="'2m_temperature' could not be read, a chunk of it "
+                                        "is damaged"):
+        raw_example(check_dataset(damaged, TASK), TASK, rollout=STEPS, check_targets=False)
+    got = forecast(ckpt, damaged, stats, STEPS)
+    for name in want.data_vars:
+        np.testing.assert_array_equal(got[name].values, want[name].values, err_msg=name)
+    # The mode the forecast reads with: inputs and forcings as before, no targets.
+    full = raw_example(check_dataset(ds, TASK), TASK, rollout=STEPS, check_targets=False)
+    part = raw_example(check_dataset(damaged, TASK), TASK, rollout=STEPS, read_targets=False)
+    for name in ("inputs", "last_frame", "forcings"):
+        np.testing.assert_array_equal(getattr(part, name), getattr(full, name), err_msg=name)
+    assert part.targets.shape == (0,) + full.targets.shape[1:]
+    with pytest.raises(TypeError, match="^read_targets='no' is invalid: True or False, not "):
+        raw_example(check_dataset(ds, TASK), TASK, read_targets="no")
+
+
+def test_other_layouts_of_one_file_forecast_the_same(files, tmp_path):
+    # `time` of datetimes without `datetime` (CDO-style), and lat north to south: refused
+    # by the forecast ("no 'datetime' coordinate", "lat runs north to south"), though
+    # `gclab stats` read both.
+    ckpt, stats = read_checkpoint(files / "ckpt.npz"), load_stats(files / "stats")
+    row = open_dataset(files / "data.nc").load().isel(batch=[0])
+    want = forecast(ckpt, row, stats, 2)
+    one = row.isel(batch=0)
+    cdo = one.drop_vars("datetime").assign_coords(time=("time", one.datetime.values))
+    write_dataset(cdo, tmp_path / "cdo.nc")
+    write_dataset(row.isel(lat=slice(None, None, -1)), tmp_path / "n2s.nc")
+    for name in ("cdo.nc", "n2s.nc"):
+        got = forecast(ckpt, open_dataset(tmp_path / name), stats, 2)
+        np.testing.assert_array_equal(got.lat.values, want.lat.values)
+        for var in want.data_vars:
+            np.testing.assert_array_equal(got[var].values, want[var].values,
+                                          err_msg=f"{name} {var}")
