@@ -84,6 +84,13 @@ def agreement(rows: dict, same_layout: bool, same_checkpoint: bool) -> dict:
             "agrees": bool(worst <= TOLERANCE and same_layout and same_checkpoint)}
 
 
+def is_checkout(official: Path) -> bool:
+    """Whether `official` is a checkout of google-deepmind/graphcast (its package's model
+    module is there). `official_side_by_side.py` makes the same check inline in its `main`,
+    with no function of its own to import, so it is written here once for this script."""
+    return (official / "graphcast" / "graphcast.py").is_file()
+
+
 def run(official: Path, steps: int) -> dict:
     import haiku as hk
     import jax
@@ -192,6 +199,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="path of a checkout of github.com/google-deepmind/graphcast")
     parser.add_argument("--steps", type=int, default=4, help="forecast steps (4)")
     args = parser.parse_args(argv)
+    if not is_checkout(args.official):
+        parser.error(f"--official must name a checkout of google-deepmind/graphcast "
+                     f"({args.official} has no graphcast/graphcast.py)")
     import jax
 
     result = {**provenance(args.official), **run(args.official, args.steps)}

@@ -11,6 +11,7 @@ Usage:
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 import sys
 
@@ -19,7 +20,8 @@ from fresh_clone import ROOT, commit, hardware, write_record
 COMMAND = ["plan", "--budget", "T4", "--preset", "graphcast-small"]
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
     proc = subprocess.run([sys.executable, "-m", "gclab", *COMMAND], cwd=ROOT,
                           capture_output=True, text=True)
     if proc.returncode:

@@ -19,6 +19,7 @@ the chapters' profiles from `benchmarks/results/chapter-profile-cpu*.json` (`cha
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import re
@@ -292,7 +293,8 @@ def render(readme: str) -> str:
     return readme
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args(argv)
     path = ROOT / "README.md"
     tmp = path.with_name(f".{path.name}.tmp")  # written whole, then renamed into place
     tmp.write_text(render(path.read_text()))

@@ -332,11 +332,84 @@ def test_official_forecast_that_does_not_agree_exits_1_and_keeps_the_recording(
     for name in ("RESULTS", "SHIPPED"):
         (tmp_path / name).mkdir()
         monkeypatch.setattr(official, name, tmp_path / name)
+    (tmp_path / "graphcast").mkdir()  # what a checkout of the official code has
+    (tmp_path / "graphcast" / "graphcast.py").touch()
     assert official.main(["--official", str(tmp_path)]) == 1
     backend = jax.default_backend()
     assert [p.name for p in (tmp_path / "RESULTS").iterdir()] == [
         f"official-forecast-{backend}-failed.json"]
     assert list((tmp_path / "SHIPPED").iterdir()) == []
+
+
+@pytest.mark.parametrize("path", ["nonexistent", "empty"])
+def test_official_forecast_that_is_not_given_a_checkout_says_so_in_one_line(
+        official, monkeypatch, tmp_path, capsys, path):
+    """Checked before any work starts, as `official_side_by_side.py` does: no traceback
+    from importing ``graphcast``, nothing measured, nothing written."""
+    def never(*args):
+        raise AssertionError("ran without a checkout of the official code")
+
+    monkeypatch.setattr(official, "provenance", never)
+    monkeypatch.setattr(official, "run", never)
+    monkeypatch.setattr(official, "write_text_atomic", never)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(SystemExit) as exit_:
+        official.main(["--official", str(tmp_path / path)])
+    assert exit_.value.code == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error.endswith(f"error: --official must name a checkout of "
+                     f"google-deepmind/graphcast ({tmp_path / path} has no "
+                     f"graphcast/graphcast.py)")
+
+
+@pytest.fixture
+def nothing_written(benchmarks, monkeypatch, tmp_path):
+    """`plan_example.py` and `update_readme.py` with their work stubbed and every file they
+    write under `tmp_path`: the modules and the list of what they would have written."""
+    import plan_example
+    import update_readme
+
+    written = []
+    monkeypatch.setattr(plan_example, "subprocess", types.SimpleNamespace(
+        run=lambda *a, **k: subprocess.CompletedProcess(a, 0, "the plan\n", "")))
+    monkeypatch.setattr(plan_example, "commit", lambda: "abc1234")
+    monkeypatch.setattr(plan_example, "hardware", lambda: {"backend": "cpu"})
+    monkeypatch.setattr(plan_example, "write_record",
+                        lambda name, record: written.append((name, record)))
+    (tmp_path / "README.md").write_text("<!-- x:start -->\nold\n<!-- x:end -->\n")
+    monkeypatch.setattr(update_readme, "ROOT", tmp_path)
+    monkeypatch.setattr(update_readme, "BLOCKS", {"x": lambda: "new"})
+    return plan_example, update_readme, written
+
+
+@pytest.mark.parametrize("script", ["plan_example", "update_readme"])
+def test_help_and_unknown_arguments_write_nothing(nothing_written, tmp_path, capsys, script):
+    """``--help`` prints the usage and exits 0, an unknown argument exits 2 with argparse's
+    line, neither runs nor writes (a rewritten record or README would no longer match)."""
+    plan_example, update_readme, written = nothing_written
+    module = {"plan_example": plan_example, "update_readme": update_readme}[script]
+    readme = (tmp_path / "README.md").read_text()
+    with pytest.raises(SystemExit) as exit_:
+        module.main(["--help"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: ")  # and the docstring's first line, wrapped
+    assert " ".join(module.__doc__.splitlines()[0].split()) in " ".join(out.split())
+    with pytest.raises(SystemExit) as exit_:
+        module.main(["--bogus"])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1].endswith(
+        "error: unrecognized arguments: --bogus")
+    assert written == [] and (tmp_path / "README.md").read_text() == readme
+    assert [p.name for p in tmp_path.iterdir()] == ["README.md"]
+    # Without arguments each still does its work.
+    assert module.main([]) == 0
+    if script == "plan_example":
+        assert [(name, record["output"]) for name, record in written] == [
+            ("plan-example", "the plan")]
+    else:
+        assert (tmp_path / "README.md").read_text() == (
+            "<!-- x:start -->\nnew\n<!-- x:end -->\n")
 
 
 class _FailingCI:
