@@ -16,10 +16,13 @@ them whole on every device: less communication, more memory (the 16 saved step l
 the processor are held whole on every device).
 
 Layouts combine with every `MemoryConfig` technique and with bfloat16: the techniques
-change how each device evaluates its share, the layout which share it evaluates. One
-combination compiles but cannot run: `spatial` with `pipeline` where rows or edge blocks
-do not split evenly over `spatial`, because the compiler then reshards inside a stage,
-where the other stages' devices never join (refused before a step runs:
+change how each device evaluates its share, the layout which share it evaluates. The axes
+combine two at a time: `pipeline` goes with `data` or with `spatial`, not with both, since
+XLA's SPMD partitioner aborts the process (a failed check, not an error) on a layout with
+all three axes above 1; `ParallelConfig` refuses one, and `layouts` and `pipeline_layouts`
+never give one. One combination compiles but cannot run: `spatial` with `pipeline` where
+rows or edge blocks do not split evenly over `spatial`, because the compiler then reshards
+inside a stage, where the other stages' devices never join (refused before a step runs:
 `gclab.parallel.pipeline.check_stage_collectives`).
 """
 
@@ -55,6 +58,9 @@ PARALLEL_SPEC_HELP = ("comma-separated AXIS:SIZE with AXIS one of data, spatial,
                       "(processor steps per stage, default as even as possible) and "
                       "stage-remat:A/B/.. (checkpointed steps per stage, default the memory "
                       "recipe's remat in every stage)")
+# Why a layout may not have all three axes above 1 (`ParallelConfig` and `spec_error` say it).
+THREE_AXES = ("pipeline combines with data or with spatial, not with both (XLA's SPMD "
+              "partitioner aborts the process on the three axes)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,7 +76,8 @@ class ParallelConfig:
       pipeline: stages of the processor (consecutive steps each; the encoder runs in
         the first, the decoder in the last). Each device holds one stage's activations;
         costs a bubble of (P - 1) / (M + P - 1) idle ticks per step (see
-        `gclab.parallel.pipeline`).
+        `gclab.parallel.pipeline`). 1 where `data` and `spatial` are both above 1: the
+        three axes together abort XLA's SPMD partitioner.
       microbatches: with `pipeline` > 1, M, the micro-batches the batch (each data slice
         of it) is split into for the pipeline; more of them shrink the bubble.
       stage_steps: with `pipeline` > 1, the processor steps of each stage (they must add
@@ -103,6 +110,9 @@ class ParallelConfig:
                 invalid(self, field, f"an integer >= 1 (and <= {MAX_INT32})",
                         wrong_kind=not is_int(v))
         normalise_numbers(self, sizes)
+        if self.data > 1 and self.spatial > 1 and self.pipeline > 1:
+            invalid(self, "pipeline", f"1 with data:{self.data} and spatial:{self.spatial}; "
+                    + THREE_AXES)
         if self.mesh_nodes not in MESH_NODES:
             invalid(self, "mesh_nodes", "one of " + ", ".join(MESH_NODES),
                     wrong_kind=not isinstance(self.mesh_nodes, str))
@@ -256,6 +266,9 @@ def spec_error(spec: str, error: ConfigError) -> str:
         return (f"{_spec_item(given, sizes[given])} is invalid without a pipeline: it needs "
                 "pipeline:P with P >= 2")
     item = _spec_item(field, sizes[field])
+    if field == "pipeline" and error.allowed.endswith(THREE_AXES):
+        return (f"{item} is invalid with data:{sizes['data']} and spatial:{sizes['spatial']}: "
+                + THREE_AXES)
     if field in ("stage_steps", "stage_remat"):
         p = sizes.get("pipeline", 1)
         if len(sizes[field]) != p:
@@ -277,7 +290,8 @@ def layouts(devices: int) -> list[ParallelConfig]:
 
 
 def pipeline_layouts(devices: int, steps: int) -> list[ParallelConfig]:
-    """Every data x pipeline layout of `devices` devices with 2 to `steps` stages.
+    """Every data x pipeline layout of `devices` devices with 2 to `steps` stages (spatial
+    1: `ParallelConfig` refuses a pipeline with both data and spatial above 1).
 
     Stage steps and remat are left to the pipeline planner
     (`gclab.sizing.pipeline_plan`); data-heaviest first.

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -11,6 +13,10 @@ from gclab.memory.blocks import merge_blocks, shard_block, split_blocks
 from gclab.parallel import ParallelConfig, layouts, parse_parallel_spec, pipeline_layouts
 from gclab.parallel.collectives import collective_bytes
 from gclab.parallel.config import spec_error
+
+# Why a layout may not have all three axes above 1 (`ParallelConfig`, `spec_error`).
+THREE = ("pipeline combines with data or with spatial, not with both (XLA's SPMD "
+         "partitioner aborts the process on the three axes)")
 
 
 def test_default_layout_is_one_device():
@@ -85,11 +91,41 @@ def test_an_item_given_twice_is_named(spec, message):
     ("pipeline:2,stage-steps:2", "stage-steps:2 is invalid: 2 numbers separated by '/', one "
      "per stage of pipeline:2"),
     ("pipeline:2,stage-steps:0/2", "stage-steps:0/2 is invalid: every stage has 1 step or more"),
+    # All three axes: XLA's SPMD partitioner aborts the process (rc 134) compiling them.
+    ("data:2,spatial:2,pipeline:2", f"pipeline:2 is invalid with data:2 and spatial:2: {THREE}"),
+    ("spatial:3,pipeline:2,data:2,mesh-nodes:replicated",
+     f"pipeline:2 is invalid with data:2 and spatial:3: {THREE}"),
+    ("data:4,spatial:2,pipeline:4,microbatches:2,stage-steps:1/1/1/1",
+     f"pipeline:4 is invalid with data:4 and spatial:2: {THREE}"),
+    # A size out of range is named as such, three axes or not.
+    ("data:2,spatial:2,pipeline:99999999999",
+     f"pipeline:99999999999 is invalid: an integer >= 1 (and <= {MAX_INT32})"),
 ])
 def test_spec_errors_name_the_item_as_written(spec, message):
     with pytest.raises(ConfigError) as e:
         parse_parallel_spec(spec)
     assert spec_error(spec, e.value) == message
+
+
+@pytest.mark.parametrize("sizes", [(2, 2, 2), (2, 3, 2), (4, 2, 3), (3, 5, 7)])
+@pytest.mark.parametrize("mesh_nodes", ["split", "replicated"])
+def test_a_layout_with_all_three_axes_is_refused(sizes, mesh_nodes):
+    data, spatial, pipeline = sizes
+    with pytest.raises(ConfigError) as e:
+        ParallelConfig(data=data, spatial=spatial, pipeline=pipeline, mesh_nodes=mesh_nodes)
+    assert str(e.value) == (f"ParallelConfig.pipeline={pipeline} is invalid: 1 with "
+                            f"data:{data} and spatial:{spatial}; {THREE}.")
+    assert e.value.field == "pipeline"
+    with pytest.raises(ConfigError) as replaced:
+        ParallelConfig(data=data, spatial=spatial).replace(pipeline=pipeline)
+    assert str(replaced.value) == str(e.value)
+    with pytest.raises(ConfigError, match=rf"^ParallelConfig\.pipeline={pipeline} is invalid"):
+        parse_parallel_spec(f"data:{data},spatial:{spatial},pipeline:{pipeline}")
+    # Any two of the axes are a layout.
+    for two in (dict(data=data, spatial=spatial), dict(data=data, pipeline=pipeline),
+                dict(spatial=spatial, pipeline=pipeline, mesh_nodes=mesh_nodes)):
+        assert ParallelConfig(**two).devices == math.prod(two.get(a, 1) for a in
+                                                           ("data", "spatial", "pipeline"))
 
 
 @pytest.mark.parametrize("field, value", [("data", 0), ("spatial", 1.5), ("data", True),
@@ -172,6 +208,18 @@ def test_layouts_of_many_devices_are_every_divisor_pair():
                                                    "data:4,spatial:9"]
     assert [p.pipeline for p in pipeline_layouts(2**30, 16)] == [2, 4, 8, 16]
     assert [p.pipeline for p in pipeline_layouts(12, 16)] == [2, 3, 4, 6, 12]
+
+
+def test_no_generated_layout_has_all_three_axes():
+    for devices in range(1, 33):
+        generated = list(layouts(devices))
+        for steps in (1, 2, 3, 4, 16, 32):
+            generated += pipeline_layouts(devices, steps)
+        assert generated, devices
+        for layout in generated:
+            assert min(layout.data, layout.spatial, layout.pipeline) == 1, layout.spec
+            assert layout.devices == devices
+            assert parse_parallel_spec(layout.spec) == layout
 
 
 DEVICE_COUNT = "an integer >= 1 (and <= 2147483647)"
