@@ -10,6 +10,8 @@ import sys
 import pytest
 
 from gclab import cli
+from gclab.devices import FIT_MARGIN, card_usable_bytes
+from gclab.measure.compiled import format_bytes
 
 # 6 deg / 2 splits, 2 steps x 16: each compile takes a few seconds.
 TINY = ["--resolution", "6", "--mesh-splits", "2"]
@@ -64,6 +66,29 @@ def test_sweep_writes_rows_and_a_plot(tmp_path, capsys, monkeypatch):
 def test_plan_explains_its_choice(capsys):
     assert cli.main(["plan", "--budget", "8GiB", *TINY, "--compiled", "no"]) == 0
     assert "Chosen:" in capsys.readouterr().out
+
+
+def test_plan_usable_memory_is_the_budget_in_words_and_in_json(capsys):
+    """Usable memory is the budget (`gclab.devices`: for a T4, JAX's pool on it) in the text
+    and in the JSON; what a plan may take, `FIT_MARGIN` of it, is `plan_limit_bytes`."""
+    usable = card_usable_bytes("T4")
+    limit = int(FIT_MARGIN * usable)
+    argv = ["plan", "--budget", "T4", *TINY_NET, "--compiled", "no"]
+    assert cli.main(argv) == 0
+    text = capsys.readouterr().out
+    assert cli.main([*argv, "--json"]) == 0
+    record = json.loads(capsys.readouterr().out)
+    assert record["usable_bytes"] == record["budget_bytes"] == usable
+    assert record["plan_limit_bytes"] == limit and record["predicted_peak_bytes"] <= limit
+    assert text.startswith(f"Usable memory {format_bytes(usable)} (a plan may take "
+                           f"{format_bytes(limit)}) for 6 deg"), text
+
+
+def test_plan_that_nothing_fits_names_what_a_plan_may_take_of_usable_memory(capsys):
+    assert cli.main(["plan", "--budget", "16MiB", *TINY_NET, "--compiled", "no"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("gclab plan: nothing fits: "), err
+    assert "but a plan may take 14.40 MiB (0.9 x usable 16.00 MiB)" in err, err
 
 
 @pytest.mark.parametrize("argv, words", [

@@ -59,8 +59,8 @@ class LayoutPlan:
       recipe: the recipe's name.
       per_device_bytes: its compiled total per device (arguments + outputs + temp).
       predicted_seconds: its predicted step time (a ranking, see the module docstring).
-      usable_bytes: usable memory per device (`gclab.sizing.planner.parse_budget`); a
-        candidate fits when its plan is at most `gclab.devices.FIT_MARGIN` of it.
+      usable_bytes: usable memory per device: the budget (`gclab.sizing.planner.parse_budget`);
+        a candidate fits when its plan is at most `plan_limit_bytes`.
       speeds_of: the card whose speeds ranked the candidates.
       candidates: one dict per layout x recipe (layout, recipe, per-device bytes,
         collective bytes, predicted seconds, fits, or why it was skipped).
@@ -73,12 +73,18 @@ class LayoutPlan:
     speeds_of: str
     candidates: list
 
+    @property
+    def plan_limit_bytes(self) -> int:
+        """What a plan may take per device: `gclab.devices.FIT_MARGIN` of `usable_bytes`."""
+        return int(FIT_MARGIN * self.usable_bytes)
+
     def to_dict(self) -> dict[str, Any]:
         return {"devices": self.spec.parallel.devices, "parallel": self.spec.parallel.spec,
                 "recipe": self.recipe, "precision": self.spec.memory.precision,
                 "batch": self.spec.batch, "per_device_bytes": self.per_device_bytes,
                 "predicted_seconds": self.predicted_seconds,
                 "usable_bytes": self.usable_bytes, "fit_margin": FIT_MARGIN,
+                "plan_limit_bytes": self.plan_limit_bytes,
                 "speeds_of": self.speeds_of, "candidates": self.candidates}
 
     def explain(self) -> str:

@@ -12,7 +12,8 @@ with recompute, in seconds by a calibration measured on the device or by the car
 sheet), and takes the fastest that fits. Where compiling is quick, it verifies the
 choice with XLA's compiled figure (`gclab.sizing.train_step_memory`), going on to the
 next fastest until a compiled figure fits. With compiled figures in use, the returned
-setting's compiled figure never exceeds the usable budget (`headroom x budget`).
+setting's compiled figure never exceeds `headroom x budget` (the budget is usable memory,
+`gclab.devices`; a plan may take `FIT_MARGIN` of it by default).
 
 A setting that saves memory and time at once (gather after matmul removes the
 `[E, B, 3L]` concatenation and two thirds of each edge MLP's first-layer FLOPs) beats one
@@ -107,9 +108,11 @@ class Plan:
       predicted_peak_bytes: its peak (compiled total, or the modelled total).
       source: `compiled` or `modelled`.
       recompute_fraction: extra forward FLOPs over one forward pass.
-      budget_bytes: the budget: usable memory (for a card, JAX's pool on it).
-      usable_bytes: `headroom x budget` (`gclab.devices.FIT_MARGIN` by default), what the
-        peak must stay under.
+      budget_bytes: the budget (the same as `usable_bytes`).
+      usable_bytes: the budget: usable memory (for a card, JAX's pool on it), as
+        `gclab.devices` defines it.
+      plan_limit_bytes: what a plan may take: `headroom x usable_bytes`
+        (`gclab.devices.FIT_MARGIN` by default), what the peak must stay under.
       candidates: every candidate considered (label, modelled and compiled bytes, recompute,
         predicted seconds, fits), fastest first.
       model: the model.
@@ -127,6 +130,7 @@ class Plan:
     recompute_fraction: float
     budget_bytes: int
     usable_bytes: int
+    plan_limit_bytes: int
     candidates: pd.DataFrame
     model: ModelConfig
     task: TaskConfig
@@ -142,6 +146,7 @@ class Plan:
                 "predicted_peak_bytes": self.predicted_peak_bytes, "source": self.source,
                 "recompute_fraction": self.recompute_fraction,
                 "budget_bytes": self.budget_bytes, "usable_bytes": self.usable_bytes,
+                "plan_limit_bytes": self.plan_limit_bytes,
                 "milp": self.milp, "predicted_seconds": self.predicted_seconds,
                 "speed": self.speed.to_dict() if self.speed else None,
                 "candidates": json_records(self.candidates)}
@@ -150,8 +155,8 @@ class Plan:
         """The choice in words."""
         m = self.model
         lines = [
-            f"Usable memory {format_bytes(self.budget_bytes)} (a plan may take "
-            f"{format_bytes(self.usable_bytes)}) for {m.resolution:g} deg / "
+            f"Usable memory {format_bytes(self.usable_bytes)} (a plan may take "
+            f"{format_bytes(self.plan_limit_bytes)}) for {m.resolution:g} deg / "
             f"{m.mesh_splits} splits, {m.processor_steps} x {m.latent_size}, "
             f"{self.task.num_levels} levels, batch {self.batch}, rollout {self.rollout}.",
             f"Chosen: {self.label} (processor remat {self.memory.remat_spec}"
@@ -231,8 +236,9 @@ def ladder(S: int, precision: str = "f32") -> list[tuple[str, MemoryConfig]]:
     return out
 
 
-def _milp(model, task, counts, usable, batch, rollout, precision, u, speed):
-    """Which steps to checkpoint (and whether to use edge blocks) in the least time.
+def _milp(model, task, counts, limit, batch, rollout, precision, u, speed):
+    """Which steps to checkpoint (and whether to use edge blocks) in the least time, within
+    `limit` bytes (what a plan may take).
 
     Variables: x_i in {0, 1} checkpoints processor step i; y in {0, 1} turns on the
     encoder/decoder edge blocks. Memory is linear in them (from the analytical model:
@@ -265,7 +271,7 @@ def _milp(model, task, counts, usable, batch, rollout, precision, u, speed):
     a = np.array([per_step] * S + [d_blocks])
     # Symmetry: checkpoint the first steps (x_i >= x_{i+1}), as `ratio` does.
     rows = [a]
-    lo, hi = [-np.inf], [usable - m0]
+    lo, hi = [-np.inf], [limit - m0]
     for i in range(S - 1):
         r = np.zeros(S + 1)
         r[i], r[i + 1] = 1, -1
@@ -355,7 +361,7 @@ def plan(budget: Union[int, float, str], model: ModelConfig, task: TaskConfig, *
         raise ValueError(f"headroom={headroom!r} is invalid: a number in (0, 1]")
     if use_compiled not in (True, False, "auto"):
         raise ValueError(f"use_compiled={use_compiled!r} is invalid: True, False or 'auto'")
-    usable = int(headroom * total)
+    limit = int(headroom * total)  # what a plan may take of the usable `total`
     compiled = (model.num_grid_nodes <= AUTO_COMPILE_MAX_GRID_NODES
                 if use_compiled == "auto" else bool(use_compiled))
     another_card = compiled and for_another_card(budget, total)
@@ -367,7 +373,7 @@ def plan(budget: Union[int, float, str], model: ModelConfig, task: TaskConfig, *
         speed = speed_for(card_name(budget), precision)
     elif not isinstance(speed, SpeedModel):
         raise ValueError(f"plan: speed must be a SpeedModel, not {a_kind(speed)}")
-    milp_mem, milp_info = _milp(model, task, counts, usable, batch, rollout, precision, u,
+    milp_mem, milp_info = _milp(model, task, counts, limit, batch, rollout, precision, u,
                                 speed)
     if milp_mem is not None and all(milp_mem != m for _, m in cands):
         cands.insert(1, (f"milp({milp_mem.remat_spec}"
@@ -386,32 +392,32 @@ def plan(budget: Union[int, float, str], model: ModelConfig, task: TaskConfig, *
     chosen = None
     for r in rows:
         if compiled:
-            if r["modelled_bytes"] > 1.5 * usable:  # the model is rarely this far off
+            if r["modelled_bytes"] > 1.5 * limit:  # the model is rarely this far off
                 continue
             r["compiled_bytes"] = _compiled_total(model, task, r["memory"], batch, rollout,
                                                   another_card)
-            if r["compiled_bytes"] <= usable:
+            if r["compiled_bytes"] <= limit:
                 chosen = r
                 break
-        elif r["modelled_bytes"] <= usable:
+        elif r["modelled_bytes"] <= limit:
             chosen = r
             break
     table = pd.DataFrame([{k: v for k, v in r.items() if k != "memory"} for r in rows])
     table["peak_bytes"] = table["compiled_bytes"].where(table["compiled_bytes"].notna(),
                                                         table["modelled_bytes"])
-    table["fits"] = table["peak_bytes"] <= usable
+    table["fits"] = table["peak_bytes"] <= limit
     if chosen is None:
         smallest = table["peak_bytes"].min()
         if compiled and table["compiled_bytes"].notna().any():
             smallest = table["compiled_bytes"].min()
         raise NothingFits(
             f"nothing fits: the smallest requirement found is {format_bytes(smallest)} "
-            f"({'compiled' if compiled else 'modelled'}) but the usable budget is "
-            f"{format_bytes(usable)} ({headroom:g} x {format_bytes(total)})")
+            f"({'compiled' if compiled else 'modelled'}) but a plan may take "
+            f"{format_bytes(limit)} ({headroom:g} x usable {format_bytes(total)})")
     peak = chosen["compiled_bytes"] if compiled else chosen["modelled_bytes"]
     return Plan(memory=chosen["memory"], label=chosen["label"],
                 predicted_peak_bytes=int(peak), source="compiled" if compiled else "modelled",
                 recompute_fraction=float(chosen["recompute"]), budget_bytes=total,
-                usable_bytes=usable, candidates=table, model=model, task=task, batch=batch,
-                rollout=rollout, milp=milp_info,
+                usable_bytes=total, plan_limit_bytes=limit, candidates=table, model=model,
+                task=task, batch=batch, rollout=rollout, milp=milp_info,
                 predicted_seconds=float(chosen["predicted_seconds"]), speed=speed)

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import gzip
+import importlib
 import lzma
 import os
 import zlib
@@ -110,10 +111,23 @@ def _reading(where: str, name) -> Iterator[None]:
                         f"damaged ({type(e).__name__}: {first})") from None
 
 
+#: How to install what reading and writing weather files needs (the optional `data` extra).
+DATA_EXTRA = "pip install 'gclab[data]'"
+
+
+def _extra(module: str):
+    """`module` (of the optional `data` extra: xarray, h5netcdf, zarr, dask), imported where
+    it is used; one not installed is a `DataError` naming it and the install command."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        missing = (e.name or module).split(".")[0]
+        raise DataError(f"{missing} is not installed: reading and writing weather files "
+                        f"needs the data extra ({DATA_EXTRA})") from None
+
+
 def _xarray():
-    # xarray is part of the optional `data` extra: imported where it is used.
-    import xarray
-    return xarray
+    return _extra("xarray")
 
 
 #: What a dataset argument must be, in the words of a wrong-kind message.
@@ -314,11 +328,13 @@ def open_dataset(path: PathLike):
 
     Raises:
       TypeError: `path` not a str or `os.PathLike`.
-      DataError: no such file or folder, or not a readable dataset.
+      DataError: no such file or folder, or not a readable dataset; or a module of the
+        `data` extra that reading it needs not installed (`DATA_EXTRA`).
     """
     require_kind("path", path, PATH_KINDS, "a str or os.PathLike (a netCDF file or zarr "
                  "folder)")
     xarray = _xarray()
+    _extra("dask")  # every read is lazy (`add_derived_vars`, `compute_stats`)
     path = Path(path)
     if not path.exists():
         raise DataError(f"{path}: no such file or folder")
@@ -327,10 +343,16 @@ def open_dataset(path: PathLike):
     # unless asked.
     try:
         if path.is_dir():
+            _extra("zarr")
             ds = xarray.open_zarr(path, chunks={}, decode_timedelta=True)
         else:
-            ds = xarray.open_dataset(path, engine="h5netcdf" if _is_hdf5(path) else None,
+            hdf5 = _is_hdf5(path)
+            if hdf5:
+                _extra("h5netcdf")
+            ds = xarray.open_dataset(path, engine="h5netcdf" if hdf5 else None,
                                      decode_timedelta=True)
+    except DataError:  # a module of the data extra not installed
+        raise
     except Exception as e:  # noqa: BLE001 - every backend raises its own error types
         first = str(e).split(". ")[0].splitlines()[0] if str(e) else ""
         raise DataError(f"{path}: not a readable netCDF or zarr dataset "
@@ -396,10 +418,12 @@ def write_dataset(ds, path: PathLike) -> None:
 
     Raises:
       TypeError: `ds` not an xarray Dataset, `path` not a str or `os.PathLike`.
+      DataError: xarray or h5netcdf (the `data` extra) not installed.
     """
     from gclab.files import atomic_path
     _require_dataset("ds", ds)
     require_kind("path", path, PATH_KINDS, "a str or os.PathLike (a netCDF file)")
+    _extra("h5netcdf")
     with atomic_path(path) as tmp:
         ds.to_netcdf(tmp, engine="h5netcdf")
 
@@ -460,11 +484,13 @@ def write_stats(stats: Stats, folder: PathLike) -> None:
     Raises:
       TypeError: `stats` not a `Stats` of three datasets, `folder` not a str or
         `os.PathLike`.
+      DataError: xarray or h5netcdf (the `data` extra) not installed.
     """
     from gclab.files import atomic_path
     _require_stats(stats)
     require_kind("folder", folder, PATH_KINDS, "a str or os.PathLike (the statistics "
                  "folder)")
+    _extra("h5netcdf")
     with contextlib.ExitStack() as files:
         for name, ds in zip(STATS_FILES.values(), stats):
             ds.to_netcdf(files.enter_context(atomic_path(Path(folder) / name)),
@@ -525,7 +551,7 @@ def _progress_from_datetime(ds, name: str, where: str) -> dict:
     The values are dask arrays of `PROGRESS_CHUNK` time steps a chunk, computed where they
     are read (the same numbers as numpy's, element by element); only the coordinates are
     read now."""
-    import dask.array
+    dask_array = _extra("dask.array")
 
     for coord in ("datetime",) + (("lon",) if name == "day_progress" else ()):
         if coord not in ds.coords:
@@ -535,7 +561,7 @@ def _progress_from_datetime(ds, name: str, where: str) -> dict:
     seconds = np.asarray(ds.coords["datetime"].values).astype("datetime64[s]").astype(
         np.int64)  # [B, T] or [T]: 8 bytes a time step, as the coordinate itself
     dims = tuple(ds.coords["datetime"].dims)  # (batch, time) or (time,)
-    seconds = dask.array.from_array(
+    seconds = dask_array.from_array(
         seconds, chunks=tuple(PROGRESS_CHUNK if d == "time" else -1 for d in dims))
     if name == "year_progress":
         years = seconds / SECONDS_PER_DAY / np.float64(DAYS_PER_YEAR)

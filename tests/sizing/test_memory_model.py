@@ -10,10 +10,11 @@ import jax.numpy as jnp
 import pytest
 
 from gclab.config import PRESETS, ModelConfig, TaskConfig
+from gclab.devices import FIT_MARGIN, card_usable_bytes
 from gclab.geometry import graphs_for
 from gclab.memory import RECIPES
 from gclab.model import count_params, graph_inputs, make_network, param_shapes
-from gclab.sizing import StepSpec, analytical, planner, speed, train_step_memory
+from gclab.sizing import StepSpec, analytical, layout_plan, planner, speed, train_step_memory
 from gclab.training import TrainConfig, make_optimizer
 
 # The module: `gclab.sizing.sweep` is also the name of the function the package exports.
@@ -151,7 +152,7 @@ def test_planner_analytical_presets_use_remat_on_small_cards():
     small = PRESETS["graphcast-small"]
     t4 = planner.plan("T4", small.model, small.task, use_compiled=False)
     h100 = planner.plan("H100", small.model, small.task, use_compiled=False)
-    assert t4.source == "modelled" and t4.predicted_peak_bytes <= t4.usable_bytes
+    assert t4.source == "modelled" and t4.predicted_peak_bytes <= t4.plan_limit_bytes
     assert t4.recompute_fraction > h100.recompute_fraction
     # JAX's pool on a T4 (11.9 GB) is too small for any MILP mix of remat and blocks; on an
     # A100-40GB (30 GB) the MILP finds one.
@@ -164,6 +165,26 @@ def test_planner_analytical_presets_use_remat_on_small_cards():
 
 
 TINY = ModelConfig(resolution=6.0, mesh_splits=2, latent_size=16, processor_steps=2)
+
+
+def test_usable_bytes_of_a_plan_are_the_budget_and_a_plan_takes_fit_margin_of_them():
+    """`usable_bytes` is the budget, as `gclab.devices` defines usable memory, in both
+    planners and their JSON; `plan_limit_bytes` is what a plan may take of it."""
+    usable = card_usable_bytes("T4")
+    one = planner.plan("T4", TINY, TASK, use_compiled=False)
+    assert one.usable_bytes == one.budget_bytes == usable
+    assert one.plan_limit_bytes == int(FIT_MARGIN * usable)
+    assert one.to_dict()["usable_bytes"] == usable
+    assert one.to_dict()["plan_limit_bytes"] == one.plan_limit_bytes
+    assert one.predicted_peak_bytes <= one.plan_limit_bytes
+    assert set(one.candidates.loc[one.candidates["fits"], "label"]) == set(
+        one.candidates.loc[one.candidates["peak_bytes"] <= one.plan_limit_bytes, "label"])
+    tight = planner.plan(usable, TINY, TASK, use_compiled=False, headroom=0.5)
+    assert (tight.usable_bytes, tight.plan_limit_bytes) == (usable, int(0.5 * usable))
+    over = layout_plan.plan_layout("T4", TINY, TASK, 1, recipes=["none"]).to_dict()
+    assert over["usable_bytes"] == usable
+    assert over["plan_limit_bytes"] == int(FIT_MARGIN * usable) == one.plan_limit_bytes
+    assert over["per_device_bytes"] <= over["plan_limit_bytes"]
 
 
 def test_sweep_columns_and_cache(tmp_path, monkeypatch):

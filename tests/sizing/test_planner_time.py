@@ -26,7 +26,7 @@ def _brute_force(p: planner.Plan, model: ModelConfig, task: TaskConfig,
     for label, mem in planner.ladder(model.processor_steps):
         need = analytical.estimate(model, task, mem).total_bytes
         seconds = model_speed.seconds(StepSpec(model, task, mem))
-        if need <= p.usable_bytes and (best is None or seconds < best[1]):
+        if need <= p.plan_limit_bytes and (best is None or seconds < best[1]):
             best = (label, seconds)
     return best
 
@@ -52,11 +52,12 @@ def test_compiled_choice_is_the_fastest_whose_compiled_plan_fits():
     p = planner.plan(int(lean + 0.3 * (none - lean)), PLAN_MODEL, TASK, use_compiled=True,
                      headroom=1.0, speed=sheet)
     table = p.candidates
-    assert p.predicted_peak_bytes <= p.usable_bytes
+    assert p.predicted_peak_bytes <= p.plan_limit_bytes
     # Every faster candidate was compiled and did not fit, or was far over by the formula.
     faster = table[table["predicted_seconds"] < p.predicted_seconds]
     assert len(faster) and not faster["fits"].any()
-    assert (faster["compiled_bytes"].isna() | (faster["compiled_bytes"] > p.usable_bytes)).all()
+    assert (faster["compiled_bytes"].isna()
+            | (faster["compiled_bytes"] > p.plan_limit_bytes)).all()
     assert p.predicted_seconds == table.loc[table["fits"], "predicted_seconds"].min()
 
 

@@ -1,5 +1,7 @@
 """`gclab forecast` and `gclab stats`: files in, files out, and one line for each bad input."""
 
+import sys
+
 import numpy as np
 import pytest
 
@@ -269,3 +271,40 @@ def test_bad_values_in_training_data_get_one_line(files, bad, capsys, change, te
     _one_line(capsys, ["train", "--train-steps", "1", *(x for kv in args.items() for x in kv)],
               text.format(root=bad))
     assert _contents(files) == before  # no checkpoint written
+
+
+EXTRA = ("is not installed: reading and writing weather files needs the data extra "
+         "(pip install 'gclab[data]')")
+
+
+@pytest.mark.parametrize("module", ["xarray", "h5netcdf", "dask"])
+@pytest.mark.parametrize("command", ["stats", "forecast", "train"])
+def test_without_the_data_extra_one_line_names_what_to_install(files, bad, capsys, monkeypatch,
+                                                                command, module):
+    data, stats = str(files / "data.nc"), str(bad / "good")
+    argv = {"stats": ["stats", "--data", data, "--out", str(bad / "s_extra")],
+            "forecast": ["forecast", "--checkpoint", str(files / "ckpt.npz"), "--data", data,
+                         "--stats", stats, "--forecast-steps", "1",
+                         "--out", str(bad / "p_extra.nc")],
+            "train": ["train", "--train-steps", "1", "--init-checkpoint",
+                      str(files / "ckpt.npz"), "--data", data, "--stats", stats,
+                      "--save-checkpoint", str(bad / "t_extra.npz")]}[command]
+    monkeypatch.setitem(sys.modules, module, None)  # as where it is not installed
+    before = _contents(files)
+    _one_line(capsys, argv, f"--data {data}: {module} {EXTRA}")
+    assert _contents(files) == before  # nothing written
+
+
+def test_without_zarr_or_h5netcdf_a_zarr_store_gets_one_line(files, bad, capsys, monkeypatch):
+    store = bad / "extra.zarr"
+    if not store.exists():
+        open_dataset(files / "long.nc").to_zarr(store, zarr_format=2)
+    out = bad / "zarr_stats"
+    with monkeypatch.context() as m:
+        m.setitem(sys.modules, "zarr", None)
+        _one_line(capsys, ["stats", "--data", str(store), "--out", str(out)],
+                  f"--data {store}: zarr {EXTRA}")
+    # The store read, the statistics (netCDF, h5netcdf) cannot be written.
+    monkeypatch.setitem(sys.modules, "h5netcdf", None)
+    _one_line(capsys, ["stats", "--data", str(store), "--out", str(out)], f"h5netcdf {EXTRA}")
+    assert not any(out.glob("*.nc"))
