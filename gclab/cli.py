@@ -26,6 +26,7 @@ import argparse
 import dataclasses
 import errno
 import functools
+import hashlib
 import json
 import math
 import os
@@ -87,10 +88,15 @@ from gclab.sizing.sweep import MEASURES, save_sweep, sweep
 from gclab.sizing.sweep import grid as sweep_grid
 from gclab.training.loop import (
     DEFAULT_SCHEDULE_STEPS,
+    KEPT_CHECKPOINTS,
+    CheckpointDirError,
     RestoreError,
+    SaveError,
     ScheduleMismatch,
+    StepsReached,
     TrainingDiverged,
     train,
+    weather_fingerprint,
 )
 from gclab.training.step import FLOAT32_MAX
 from gclab.weather import (
@@ -1056,13 +1062,19 @@ def _train_sources(args):
 #: The option of each `train` argument a checkpoint records (`gclab.training.loop.RUN_SETTINGS`).
 _SCHEDULE_OPTIONS = {"schedule_steps": "--schedule-steps", "learning_rate": "--learning-rate",
                      "real_data": "--data", "seed": "--seed", "batch": "--batch",
-                     "rollout": "--rollout"}
+                     "rollout": "--rollout", "data": "--data", "stats": "--stats"}
 
 
 def _schedule_mismatch(e: ScheduleMismatch, folder: str) -> str:
     """The one-line message of a resumed run whose settings are not its checkpoint's."""
     option = _SCHEDULE_OPTIONS[e.name]
     where = f"the checkpoint in --checkpoint-dir {folder} (step {e.step}) was trained"
+    if e.name == "data":  # `weather_fingerprint`'s words: times, grid, levels
+        return (f"--data: {where} on another dataset ({e.stored}; this one has {e.given}); "
+                f"resume with that one, or start another --checkpoint-dir")
+    if e.name == "stats":
+        return (f"--stats: {where} with other normalisation statistics ({e.stored}; these "
+                f"are {e.given}); resume with those, or start another --checkpoint-dir")
     if e.name == "real_data":
         return (f"--data: {where} {'with' if e.stored else 'without'} --data (on "
                 f"{'real' if e.stored else 'synthetic'} weather); resume "
@@ -1095,6 +1107,91 @@ def _check_train_options(args) -> None:
                                  "folder); write the weights elsewhere")
 
 
+def _stopped_saved(args, stopped, failed: bool = False) -> str:
+    """What a run that stopped at a step saved (`gclab.training.loop.Stopped`), in words;
+    `failed`: the step failed (rather than being interrupted)."""
+    if stopped.saved is None:
+        return f"nothing was saved ({stopped.why_not})"
+    return (f"saved step {stopped.saved} to --checkpoint-dir {_shown(str(args.checkpoint_dir))}"
+            ": resume with the same command" + (" once that is fixed" if failed else ""))
+
+
+#: `gclab train` options the processes of one run may give differently: its own index, how
+#: it reports (only process 0 prints and writes --save-checkpoint), how long it waits to
+#: join, and how it meets the others (joining checked those); --devices and --parallel are
+#: compared as the layout they make.
+_PER_PROCESS = {"command", "func", "process_id", "json", "save_checkpoint",
+                "coordinator_timeout", "coordinator", "num_processes", "devices", "parallel"}
+
+
+def _digest(text: str) -> int:
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:4], "little", signed=True)
+
+
+def _array_digest(tree) -> str:
+    digest = hashlib.sha256()
+    for leaf in jax.tree_util.tree_leaves(tree):
+        a = np.ascontiguousarray(np.asarray(leaf))
+        digest.update(f"{a.dtype}{a.shape}".encode())
+        digest.update(a.tobytes())
+    return digest.hexdigest()
+
+
+def _run_options(args, weather, init_params) -> list[tuple[str, str, str]]:
+    """(option, its value as a message shows it, what identifies the value) of each option
+    that sets a run, in the parser's order: input files by what they hold (a dataset by
+    `weather_fingerprint`, weights by a hash), not by their path, which may differ between
+    hosts."""
+    fingerprint = weather_fingerprint(weather) if weather is not None else {}
+    options = []
+    for dest, value in vars(args).items():
+        if dest in _PER_PROCESS or dest.endswith("_path"):
+            continue
+        option = "--parallel" if dest == "layout" else f"--{dest.replace('_', '-')}"
+        shown = getattr(args, f"{dest}_path", None)
+        if dest == "layout":
+            shown = ident = value.spec
+        elif dest == "data":
+            ident = fingerprint.get("data")
+        elif dest == "stats":
+            ident = fingerprint.get("stats")
+        elif dest == "init_checkpoint":
+            ident = None if init_params is None else _array_digest(init_params)
+        elif dest == "seed":
+            shown = ident = 0 if value is None else value  # the default, given or not
+        elif dest == "checkpoint_dir":
+            shown, ident = value, None if value is None else str(value.resolve())
+        else:
+            shown = ident = value
+        options.append((option, "left out" if shown is None else _shown(str(shown)),
+                        repr(ident)))
+    return options
+
+
+def _check_same_options(args, weather, init_params) -> None:
+    """Refuses processes of one multi-process run given different options (all but
+    `_PER_PROCESS`): each would train on its own settings, out of step with the others, and
+    the checkpoint record one of them. Every process gathers every process's digests of its
+    options, so all of them refuse, naming the first option that differs."""
+    if jax.process_count() == 1:
+        return
+    from jax.experimental import multihost_utils
+
+    options = _run_options(args, weather, init_params)
+    digests = np.array([_digest(f"{option}={ident}") for option, _, ident in options], np.int32)
+    every = np.asarray(multihost_utils.process_allgather(digests))  # [processes, options]
+    differ = np.flatnonzero((every != every[:1]).any(axis=0))
+    if differ.size:
+        j = int(differ[0])
+        option, shown, _ = options[j]
+        mine = every[jax.process_index(), j]
+        others = [str(i) for i in range(len(every)) if every[i, j] != mine]
+        which = (f"processes {', '.join(others)} of this run were" if len(others) > 1
+                 else f"process {others[0]} of this run was")
+        raise UsageError(f"{option} {shown}: {which} given another {option}; give every "
+                         f"process the same options (all but --process-id)")
+
+
 def cmd_train(args) -> int:
     layout = args.layout
     _check_train_options(args)
@@ -1102,6 +1199,7 @@ def cmd_train(args) -> int:
     model, task, weather, init_params = _train_sources(args)
     _check_remat(args, model, ", from --init-checkpoint" if args.init_checkpoint else "")
     memory = _resolve_memory(args, args.recipe)
+    _check_same_options(args, weather, init_params)
     lead = jax.process_index() == 0
     progress = functools.partial(tqdm.tqdm, desc="gclab train", unit="step", file=sys.stderr,
                                  disable=not lead or None)
@@ -1116,11 +1214,21 @@ def cmd_train(args) -> int:
         raise UsageError(f"--parallel {_shown(args.parallel)}: {e.reason}") from None
     except ScheduleMismatch as e:  # resuming would change the run: the option, not the folder
         raise UsageError(_schedule_mismatch(e, _shown(str(args.checkpoint_dir)))) from None
-    except RestoreError as e:  # the checkpoint to resume from
+    except (RestoreError, CheckpointDirError) as e:  # the checkpoint folder
         raise UsageError(f"--checkpoint-dir {_shown(str(args.checkpoint_dir))}: {e}") from None
+    except StepsReached as e:  # the run would take no step, and save nothing
+        raise UsageError(f"--train-steps {args.train_steps}: the checkpoint in --checkpoint-dir "
+                         f"{_shown(str(args.checkpoint_dir))} is at step {e.step} already (a "
+                         f"resumed run continues up to --train-steps: give more than "
+                         f"{e.step})") from None
+    except SaveError as e:  # the steps ran, their state could not be kept: exit status 1
+        print(f"gclab train: error: --checkpoint-dir {_shown(str(args.checkpoint_dir))}: "
+              f"could not save step {e.step} ({e.reason})", file=sys.stderr)
+        return 1
     except TrainingDiverged as e:  # not the input's fault as such: exit status 1
         kept = (f"; earlier checkpoints in --checkpoint-dir {_shown(str(args.checkpoint_dir))}"
-                " are kept" if args.checkpoint_dir is not None else "")
+                " are kept" if args.checkpoint_dir is not None and e.resumed is not None
+                else "")
         what = (f"the weights are not finite after step {e.step} (loss {e.loss:g}, gradient "
                 f"norm {e.grad_norm:g})" if e.weights else
                 f"the loss is {e.loss:g} at step {e.step} (gradient norm {e.grad_norm:g})")
@@ -1129,6 +1237,22 @@ def cmd_train(args) -> int:
               + (", or check --data for missing values" if args.data is not None else ""),
               file=sys.stderr)
         return 1
+    except KeyboardInterrupt as e:  # Ctrl-C: what was saved, where a folder was given
+        stopped = getattr(e, "stopped", None)
+        if stopped is None:
+            raise
+        print(f"gclab train: interrupted at step {stopped.step}; {_stopped_saved(args, stopped)}",
+              file=sys.stderr)
+        return 130
+    except (ValueError, OSError) as e:  # a step's data (a DataError) or a file that failed
+        stopped = getattr(e, "stopped", None)
+        if stopped is None:
+            raise
+        what = (f"{e.strerror}" + (f": {e.filename}" if e.filename else "")
+                if isinstance(e, OSError) and e.strerror else str(e).strip().split("\n")[0])
+        print(f"gclab train: error: step {stopped.step}: {what}; "
+              f"{_stopped_saved(args, stopped, failed=True)}", file=sys.stderr)
+        return 2 if isinstance(e, ValueError) else 1
     if not lead:
         return 0
     if args.save_checkpoint is not None:
@@ -1296,9 +1420,13 @@ def build_parser() -> argparse.ArgumentParser:
                    f"first tenth, then cosine decay ({DEFAULT_SCHEDULE_STEPS}); at least "
                    "--train-steps")
     g.add_argument("--checkpoint-dir", type=_checkpoint_dir, metavar="DIR",
-                   help="resume from the latest checkpoint in DIR, and save there at the end "
-                   "(a resumed run must keep --schedule-steps, --learning-rate, --batch, "
-                   "--rollout, --data or its absence, and --seed on synthetic weather)")
+                   help="resume from the latest checkpoint in DIR, and save there at the end, "
+                   "or after the last completed step when a run is interrupted or a step fails "
+                   f"(one process); orbax keeps the {KEPT_CHECKPOINTS} newest checkpoints "
+                   "there, deleting older ones, and DIR must hold no other entry named like a "
+                   "step (a number). A resumed run must keep --schedule-steps, "
+                   "--learning-rate, --batch, --rollout, --data (the same dataset) and --stats, "
+                   "or their absence, and --seed on synthetic weather")
     g = p.add_argument_group("real weather and published weights")
     g.add_argument("--data", action=_Input, read=_dataset, metavar="PATH",
                    help="train on this dataset (netCDF file or zarr folder, official layout) "

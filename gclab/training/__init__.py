@@ -27,8 +27,12 @@ from gclab.training.layout import (
     step_shardings,
 )
 from gclab.training.loop import (
+    CheckpointDirError,
     RestoreError,
+    SaveError,
     ScheduleMismatch,
+    StepsReached,
+    Stopped,
     TrainingDiverged,
     TrainResult,
     restore_state,
@@ -59,6 +63,7 @@ from gclab.training.step import (
 __all__ = [
     "abstract_step_args", "check_batch", "make_sharded_train_step", "place_example",
     "place_step_args", "step_shardings", "RestoreError", "ScheduleMismatch", "TrainResult",
+    "CheckpointDirError", "SaveError", "StepsReached", "Stopped",
     "TrainingDiverged", "restore_state", "save_state", "train",
     "Example", "Normalization", "RawExample", "SyntheticWeather", "TrainConfig", "TrainState",
     "channel_weights", "example_shapes", "init_state_from_params", "input_variable_channels",

@@ -17,19 +17,22 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import gc
+import hashlib
 import inspect
 import logging
 import math
 import os
+import re
 import sys
 import warnings
 from typing import Callable, Mapping, Optional
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import orbax.checkpoint as ocp
 
-from gclab.config import ModelConfig, TaskConfig, WrongType, require_count, require_kind
+from gclab.config import ModelConfig, TaskConfig, WrongType, is_number, require_count, require_kind
 from gclab.geometry.graphs import graphs_for
 from gclab.memory.config import MemoryConfig
 from gclab.model.graphcast import graph_inputs, make_network, param_mismatches, param_shapes
@@ -44,6 +47,7 @@ from gclab.training.layout import (
 )
 from gclab.training.losses import loss_weights
 from gclab.training.step import (
+    FLOAT32_MAX,
     TrainConfig,
     TrainState,
     init_state_from_params,
@@ -82,7 +86,7 @@ def batch_start(step: int, batch: int) -> int:
 
 
 def _check_train_arguments(model, task, steps, memory, parallel, weather, schedule_steps,
-                           batch, rollout, seed) -> None:
+                           batch, rollout, seed, learning_rate) -> None:
     """`train`'s arguments of the wrong kind, each named before any work (inside, each
     would fail as an attribute error of some later line)."""
     for name, value, kind, optional in (("model", model, ModelConfig, False),
@@ -102,6 +106,12 @@ def _check_train_arguments(model, task, steps, memory, parallel, weather, schedu
     require_count("batch", batch, 1)
     require_count("rollout", rollout, 1)
     require_count("seed", seed, 0)
+    # `TrainConfig`'s rule, checked here before any graph is built (inside, it failed as a
+    # ConfigError of the schedule after the graphs, or a TypeError of a comparison).
+    if not is_number(learning_rate) or not 0 <= learning_rate <= FLOAT32_MAX:
+        error = ValueError if is_number(learning_rate) else WrongType
+        raise error(f"learning_rate={learning_rate!r} is invalid: a number >= 0 and <= "
+                    f"{FLOAT32_MAX:g} (float32's largest)")
 
 
 def check_init_params(params, model: ModelConfig, task: TaskConfig) -> None:
@@ -176,30 +186,200 @@ class TrainingDiverged(ValueError):
       grad_norm: its global gradient norm.
       weights: True where the loss and gradient norm are finite and the weights the step's
         update made are not (an update too large for float32).
+      resumed: the step of the checkpoint the run resumed from (kept as it was), or None
+        (no checkpoint was restored).
     """
 
     def __init__(self, step: int, loss: float, grad_norm: float,
-                 weights: bool = False) -> None:
+                 weights: bool = False, resumed: Optional[int] = None) -> None:
         what = (f"the weights are not finite after step {step} (loss {loss:g}, gradient norm "
                 f"{grad_norm:g})" if weights
                 else f"the loss is {loss:g} at step {step} (gradient norm {grad_norm:g})")
         super().__init__(f"{what}: training diverged, and nothing was saved")
         self.step, self.loss, self.grad_norm, self.weights = step, loss, grad_norm, weights
+        self.resumed = resumed
+
+
+class CheckpointDirError(ValueError):
+    """A checkpoint folder `train` will not use: it holds number-named entries orbax did not
+    write, which orbax would take for checkpoints and delete (it keeps the two newest).
+
+    The message names the entries, not the folder (the caller names it).
+
+    Attributes:
+      entries: the entries' names.
+    """
+
+    def __init__(self, entries: list) -> None:
+        names = ", ".join(entries)
+        they = "it is named like a checkpoint" if len(entries) == 1 else (
+            "they are named like checkpoints")
+        super().__init__(f"holds {names}, which orbax did not write: {they}, and orbax "
+                         "keeps the two newest checkpoints there and deletes the others (move "
+                         "what you keep there elsewhere, or choose another folder)")
+        self.entries = list(entries)
+
+
+class StepsReached(ValueError):
+    """The latest checkpoint is at or past the step count a run was asked to reach: it would
+    take no step and save nothing.
+
+    Attributes:
+      step: the checkpoint's step.
+      steps: the step count asked for.
+    """
+
+    def __init__(self, step: int, steps: int) -> None:
+        super().__init__(f"steps={steps} is invalid: the latest checkpoint is at step {step} "
+                         f"already (more than {step} to train on from it)")
+        self.step, self.steps = step, steps
+
+
+class SaveError(Exception):
+    """A checkpoint could not be saved: orbax failed, or declined the step (the folder holds
+    a later one).
+
+    Attributes:
+      step: the step that was to be saved.
+      reason: why not, in a few words (no orbax temporary path).
+    """
+
+    def __init__(self, step: int, reason: str) -> None:
+        super().__init__(f"could not save step {step} ({reason})")
+        self.step, self.reason = step, reason
+
+
+@dataclasses.dataclass(frozen=True)
+class Stopped:
+    """Where a run with a checkpoint folder stopped on an error of a step (Ctrl-C included),
+    and what was saved: `train` attaches it to the error it re-raises, as `stopped`.
+
+    Attributes:
+      step: the step that did not complete, counted from 1.
+      saved: the step saved to the checkpoint folder, or None.
+      why_not: where nothing was saved, why (e.g. "no step completed").
+    """
+
+    step: int
+    saved: Optional[int] = None
+    why_not: str = ""
 
 
 #: The `train` arguments a checkpoint records (orbax's custom metadata of its step), which
 #: a resumed run must repeat: they set the learning rate of every step and the examples it
 #: trains on. `real_data`: whether `weather` was given (True) or synthetic (False); `seed`
 #: is recorded for synthetic weather only (it seeds the examples there; a resumed run's
-#: parameters are the checkpoint's). Checkpoints saved before a setting was recorded resume
+#: parameters are the checkpoint's); `data` and `stats` for given weather only
+#: (`weather_fingerprint`). Checkpoints saved before a setting was recorded resume
 #: unchecked in it.
-RUN_SETTINGS = ("schedule_steps", "learning_rate", "real_data", "seed", "batch", "rollout")
+RUN_SETTINGS = ("schedule_steps", "learning_rate", "real_data", "seed", "batch", "rollout",
+                "data", "stats")
+
+#: How many checkpoints a folder keeps: orbax deletes older ones, and any other entry named
+#: like a step (a number), at each save.
+KEPT_CHECKPOINTS = 2
 
 
-def _checkpoint_manager(directory: str) -> ocp.CheckpointManager:
-    return ocp.CheckpointManager(os.path.abspath(directory),
-                                 options=ocp.CheckpointManagerOptions(max_to_keep=2),
+def _checkpoint_manager(directory: str, create: bool = True) -> ocp.CheckpointManager:
+    """Orbax's manager of `directory`. Saves are synchronous: an asynchronous save whose
+    folder cannot be made leaves orbax's commit threads waiting for it, and the process
+    with them, for orbax's coordination timeout (300 s) before it can exit. `create`: make
+    the folder now (only a save does: restoring from a missing folder creates nothing)."""
+    options = ocp.CheckpointManagerOptions(max_to_keep=KEPT_CHECKPOINTS, create=create,
+                                           enable_async_checkpointing=False)
+    return ocp.CheckpointManager(os.path.abspath(directory), options=options,
                                  item_handlers=ocp.StandardCheckpointHandler())
+
+
+@contextlib.contextmanager
+def _closing(manager: ocp.CheckpointManager):
+    """`manager`, closed at the end whatever happens (its errors on closing unsaid)."""
+    try:
+        yield manager
+    finally:
+        with contextlib.suppress(Exception):
+            manager.close()
+
+
+_STEP_NAME = re.compile(r"[0-9]+")
+
+
+def _is_checkpoint(path: str) -> bool:
+    """Whether `path` is a folder orbax wrote (or an empty one: nothing to lose there)."""
+    if not os.path.isdir(path) or os.path.islink(path):
+        return False
+    entries = os.listdir(path)
+    return not entries or "_CHECKPOINT_METADATA" in entries or "default" in entries
+
+
+def foreign_entries(directory: str) -> list:
+    """The entries of `directory` named like a step (a number) that are not orbax
+    checkpoints: orbax would restore the largest as one, and delete each at a save (it keeps
+    the two newest checkpoints). Empty if the folder does not exist."""
+    if not os.path.isdir(directory):
+        return []
+    names = [n for n in os.listdir(directory) if _STEP_NAME.fullmatch(n)]
+    return sorted((n for n in names if not _is_checkpoint(os.path.join(directory, n))),
+                  key=lambda n: (int(n), n))
+
+
+def _check_folder(directory: str) -> None:
+    foreign = foreign_entries(directory)
+    if foreign:
+        raise CheckpointDirError(foreign)
+
+
+def latest_step(directory: str) -> Optional[int]:
+    """The step of the latest checkpoint in `directory` (a number-named folder that is not
+    empty), or None; reads the folder's names only."""
+    if not os.path.isdir(directory):
+        return None
+    steps = [int(n) for n in os.listdir(directory) if _STEP_NAME.fullmatch(n)
+             and os.path.isdir(os.path.join(directory, n))
+             and os.listdir(os.path.join(directory, n))]
+    return max(steps, default=None)
+
+
+def _stats_digest(norm) -> str:
+    """A short sha256 of normalisation statistics' numbers (every array of `norm`)."""
+    digest = hashlib.sha256()
+    for leaf in jax.tree_util.tree_leaves(norm):
+        a = np.ascontiguousarray(np.asarray(leaf, dtype=np.float64))
+        digest.update(repr(a.shape).encode())
+        digest.update(a.tobytes())
+    return f"sha256 {digest.hexdigest()[:16]}"
+
+
+def _shown_time(value) -> str:
+    if isinstance(value, np.datetime64):
+        return str(np.datetime_as_string(value, unit="m"))
+    return str(value)
+
+
+def _data_fingerprint(ds) -> str:
+    """A dataset in a few words: its time steps, first and last datetime, batch rows, grid
+    and levels (what sets the examples of each step, short of reading them)."""
+    times = ds.coords["datetime"] if "datetime" in ds.coords else ds.coords.get("time")
+    span = ""
+    if times is not None and times.size:
+        values = np.asarray(times.values).ravel()
+        span = f" from {_shown_time(values[0])} to {_shown_time(values[-1])}"
+    levels = ("levels " + ",".join(f"{v:g}" for v in np.asarray(ds.coords["level"]).ravel())
+              if "level" in ds.coords else "no levels")
+    return (f"{ds.sizes['time']} times{span}, {ds.sizes.get('batch', 1)} batch rows, grid "
+            f"{ds.sizes.get('lat', '?')} x {ds.sizes.get('lon', '?')}, {levels}")
+
+
+def weather_fingerprint(weather) -> dict:
+    """What a checkpoint records of given weather, for a resumed run to repeat: `stats`, a
+    hash of its normalisation statistics; `data`, where it has a dataset (`ds`, as
+    `gclab.weather.DatasetWeather`), its time steps, first and last datetime, batch rows,
+    grid and levels."""
+    fingerprint = {"stats": _stats_digest(weather.normalization())}
+    ds = getattr(weather, "ds", None)
+    if ds is not None and hasattr(ds, "sizes") and "time" in ds.sizes:
+        fingerprint["data"] = _data_fingerprint(ds)
+    return fingerprint
 
 
 def _without_abandoned_reads(hook: Callable) -> Callable:
@@ -299,8 +479,9 @@ def restore_state(directory: str, like: TrainState) -> Optional[TrainState]:
       RestoreError: the latest checkpoint is damaged, empty, or of another model (arrays
         of other names or shapes).
     """
-    with _quiet_orbax():
-        manager = _checkpoint_manager(directory)
+    if not os.path.isdir(directory):  # nothing to restore, and nothing made before a save
+        return None
+    with _quiet_orbax(), _closing(_checkpoint_manager(directory, create=False)) as manager:
         step = manager.latest_step()
         if step is None:
             return None
@@ -325,8 +506,7 @@ def check_run_settings(directory: str, settings: dict) -> None:
     passes (restoring it reports the damage)."""
     if not os.path.isdir(directory):
         return
-    with _quiet_orbax():
-        manager = _checkpoint_manager(directory)
+    with _quiet_orbax(), _closing(_checkpoint_manager(directory, create=False)) as manager:
         step = manager.latest_step()
         if step is None:
             return
@@ -339,19 +519,83 @@ def check_run_settings(directory: str, settings: dict) -> None:
             raise ScheduleMismatch(step, name, stored[name], settings[name])
 
 
+def _save_failure(directory: str, error: BaseException) -> str:
+    """Why a save failed, in a few words: the folder's state where that is it, else the
+    innermost error without the path orbax wrote to (a temporary one of its own)."""
+    if os.path.lexists(directory) and not os.path.isdir(directory):
+        return "it is a file, not a folder"
+    while error.__cause__ is not None:
+        error = error.__cause__
+    if isinstance(error, OSError) and error.strerror:
+        return f"{type(error).__name__}: {error.strerror}"
+    return _reason(error)
+
+
 def save_state(directory: str, state: TrainState, settings: Optional[dict] = None) -> int:
     """Saves `state` under `directory` at its step count; returns that step.
 
+    Orbax keeps the two newest checkpoints there (`KEPT_CHECKPOINTS`), deleting older ones.
+
     Args:
-      directory: the checkpoint folder.
+      directory: the checkpoint folder (made if missing).
       state: what to save.
       settings: recorded with the step (`RUN_SETTINGS`), for `check_run_settings`.
+
+    Raises:
+      CheckpointDirError: the folder holds number-named entries that are not orbax
+        checkpoints (orbax would delete them).
+      SaveError: orbax failed (the folder is a file, say), or declined the step (the folder
+        holds this step or a later one); nothing was saved.
     """
-    manager = _checkpoint_manager(directory)
     step = int(jax.device_get(state.step))
-    manager.save(step, args=ocp.args.StandardSave(state), custom_metadata=settings or {})
-    manager.wait_until_finished()
+    _check_folder(directory)
+    failure, saved, latest = None, False, None
+    with _quiet_orbax():
+        manager = None
+        try:
+            manager = _checkpoint_manager(directory)
+            latest = manager.latest_step()
+            saved = manager.save(step, args=ocp.args.StandardSave(state),
+                                 custom_metadata=settings or {})
+            manager.wait_until_finished()
+        except Exception as e:  # noqa: BLE001 - orbax raises what its writers raise
+            failure = _save_failure(directory, e)
+        finally:
+            if manager is not None:
+                with contextlib.suppress(Exception):
+                    manager.close()
+    if failure is not None:  # raised out here, so that no context keeps orbax's error
+        raise SaveError(step, failure)
+    if not saved:
+        raise SaveError(step, f"orbax declined it: the folder holds step {latest}, and orbax "
+                        "saves only steps past its latest")
     return step
+
+
+def _save_on_stop(directory: str, state: TrainState, start: int, settings: dict) -> Stopped:
+    """Saves `state`, the state after the last step that completed, when a run stops on an
+    error of a later step: only in a one-process run (the other processes of a run are
+    not stopping with this one, and a save needs them all), only when a step completed
+    since `start`, and only finite weights."""
+    try:
+        deleted = any(a.is_deleted() for a in jax.tree_util.tree_leaves(state)
+                      if isinstance(a, jax.Array))
+        done = None if deleted else int(jax.device_get(state.step))
+    except Exception:  # noqa: BLE001 - the step that made it failed on the device
+        done = None
+    if done is None:  # given (donated) to the step that failed, or never computed
+        return Stopped(start + 1, why_not="the state of the last step did not survive")
+    stopped = Stopped(done + 1)
+    if jax.process_count() > 1:
+        return dataclasses.replace(stopped, why_not="a multi-process run saves only at its end")
+    if done == start:
+        return dataclasses.replace(stopped, why_not="no step completed")
+    if not bool(_all_finite(state.params)):
+        return dataclasses.replace(stopped, why_not="the weights are not finite")
+    try:
+        return dataclasses.replace(stopped, saved=save_state(directory, state, settings))
+    except (SaveError, CheckpointDirError) as e:
+        return dataclasses.replace(stopped, why_not=str(e))
 
 
 @jax.jit
@@ -381,11 +625,14 @@ def train(model: ModelConfig, task: TaskConfig, steps: int, *, batch: int = 1,
         `jax.devices()` (every process's, in a multi-process run).
       seed: seeds the synthetic weather (without `weather`) and the parameters (without
         `init_params`); a resumed run on synthetic weather must keep it.
-      learning_rate: the peak of the schedule (`schedule`).
+      learning_rate: the peak of the schedule (`schedule`): a number from 0 to float32's
+        largest; a resumed run must keep it.
       schedule_steps: the schedule's length (warm-up over its first tenth, then cosine
         decay); a resumed run must keep it.
       checkpoint_dir: resume from the latest checkpoint here, if any, and save the state
-        at the end.
+        at the end, or, in a one-process run, after the last step that completed when a
+        step fails or is interrupted (Ctrl-C). Orbax keeps the two newest checkpoints
+        there. Nothing is made there before the first save.
       progress: wraps the range of steps (e.g. `tqdm.tqdm`); None: no wrapping.
       weather: where examples come from: an object with `normalization()` and
         `make_batch(batch, rollout, start)` (`gclab.weather.DatasetWeather` for real
@@ -400,18 +647,28 @@ def train(model: ModelConfig, task: TaskConfig, steps: int, *, batch: int = 1,
     Raises:
       ValueError: a batch that does not fit the layout, a layout with more devices than
         JAX has, `steps`, `schedule_steps`, `batch` or `rollout` < 1, `steps` beyond
-        `schedule_steps`, `seed` < 0, or
-        `init_params` not the model's (each named before any work).
-      TypeError: `model`, `task`, `memory`, `parallel` or `weather` of the wrong kind.
+        `schedule_steps`, `seed` < 0, `learning_rate` < 0, beyond float32's largest or
+        NaN, or `init_params` not the model's (each named before any work).
+      TypeError: `model`, `task`, `memory`, `parallel`, `weather` or `learning_rate` of the
+        wrong kind.
+      CheckpointDirError: `checkpoint_dir` holds number-named entries that are not orbax
+        checkpoints (checked before any work: orbax would delete them).
+      StepsReached: the latest checkpoint in `checkpoint_dir` is at step `steps` or past
+        it (checked before any work).
       RestoreError: the latest checkpoint in `checkpoint_dir` is damaged or another
         model's; `ScheduleMismatch` (checked before any work) when it was saved by a run
         with another of `RUN_SETTINGS` (`schedule_steps`, `learning_rate`, `batch`,
-        `rollout`, synthetic or given `weather`, and `seed` on synthetic weather).
+        `rollout`, synthetic or given `weather`, `seed` on synthetic weather, and the
+        dataset and statistics of given weather, `weather_fingerprint`).
       TrainingDiverged: a step's loss or gradient norm is not finite, or the final weights
-        are not (nothing is saved).
+        are not (nothing is saved; `resumed` says whether a checkpoint was restored).
+      SaveError: the final checkpoint could not be saved.
+      Any error of a step (KeyboardInterrupt, a `DataError` or `OSError` reading the
+        weather, ...) is re-raised as it came; with `checkpoint_dir`, after the state of
+        the last completed step was saved there, and with a `Stopped` as its `stopped`.
     """
     _check_train_arguments(model, task, steps, memory, parallel, weather, schedule_steps,
-                           batch, rollout, seed)
+                           batch, rollout, seed, learning_rate)
     if init_params is not None:
         check_init_params(init_params, model, task)
     steps = int(steps)
@@ -420,8 +677,14 @@ def train(model: ModelConfig, task: TaskConfig, steps: int, *, batch: int = 1,
                 "real_data": weather is not None, "batch": int(batch), "rollout": int(rollout)}
     if weather is None:
         settings["seed"] = int(seed)
+    else:
+        settings.update(weather_fingerprint(weather))
     if checkpoint_dir is not None:
+        _check_folder(checkpoint_dir)
         check_run_settings(checkpoint_dir, settings)
+        reached = latest_step(checkpoint_dir)
+        if reached is not None and reached >= steps:
+            raise StepsReached(reached, steps)
     memory = memory or MemoryConfig()
     parallel = parallel or ParallelConfig()
     graphs = graphs_for(model)
@@ -452,27 +715,41 @@ def train(model: ModelConfig, task: TaskConfig, steps: int, *, batch: int = 1,
                              f"{memory.microbatches}")
         step_fn = make_train_step(net, optimizer, task, memory, rollout, weights,
                                   norm.residual_scale)
+    restored = None
     if checkpoint_dir is not None:
-        state = restore_state(checkpoint_dir, state) or state
+        restored = restore_state(checkpoint_dir, state)
+        state = restored or state
     start = int(jax.device_get(state.step))
+    resumed = start if restored is not None else None
     losses, grad_norms = [], []
     wrap = progress or (lambda r: r)
-    for k in wrap(range(start, steps)):
-        example = weather.make_batch(batch, rollout, batch_start(k, batch))
-        if mesh is not None:
-            example = place_example(mesh, example)
-        state, metrics = step_fn(state, graph, example)
-        metrics = jax.device_get(metrics)  # every step's: checking them costs no extra sync
-        losses.append(float(metrics["loss"]))
-        grad_norms.append(float(metrics["grad_norm"]))
-        # A non-finite gradient makes every weight NaN in this step's update: stop before a
-        # later step or the save below spends time on them or keeps them.
-        if not (math.isfinite(losses[-1]) and math.isfinite(grad_norms[-1])):
-            raise TrainingDiverged(k + 1, losses[-1], grad_norms[-1])
-    # The last step's update comes after its loss: a finite loss and gradient with an update
-    # too large for float32 leave NaN or infinite weights, which are not saved either.
-    if losses and not _all_finite(state.params):
-        raise TrainingDiverged(steps, losses[-1], grad_norms[-1], weights=True)
+    try:
+        for k in wrap(range(start, steps)):
+            example = weather.make_batch(batch, rollout, batch_start(k, batch))
+            if mesh is not None:
+                example = place_example(mesh, example)
+            state, metrics = step_fn(state, graph, example)
+            metrics = jax.device_get(metrics)  # every step's: checking them costs no extra sync
+            losses.append(float(metrics["loss"]))
+            grad_norms.append(float(metrics["grad_norm"]))
+            # A non-finite gradient makes every weight NaN in this step's update: stop before
+            # a later step or the save below spends time on them or keeps them.
+            if not (math.isfinite(losses[-1]) and math.isfinite(grad_norms[-1])):
+                raise TrainingDiverged(k + 1, losses[-1], grad_norms[-1], resumed=resumed)
+        # The last step's update comes after its loss: a finite loss and gradient with an
+        # update too large for float32 leave NaN or infinite weights, not saved either.
+        if losses and not _all_finite(state.params):
+            raise TrainingDiverged(steps, losses[-1], grad_norms[-1], weights=True,
+                                   resumed=resumed)
+    except TrainingDiverged:
+        raise
+    except (KeyboardInterrupt, Exception) as e:  # a step that failed or was interrupted
+        if checkpoint_dir is not None:
+            e.stopped = _save_on_stop(checkpoint_dir, state, start, settings)
+            done = (f"saved step {e.stopped.saved} to {checkpoint_dir}"
+                    if e.stopped.saved is not None else f"nothing saved ({e.stopped.why_not})")
+            e.add_note(f"gclab.training.train stopped at step {e.stopped.step}: {done}")
+        raise
     saved = (save_state(checkpoint_dir, state, settings) if checkpoint_dir is not None
              else None)
     return TrainResult(losses, start, max(start, steps), grad_norms, saved, state)

@@ -18,10 +18,12 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
 import pytest
+import tqdm
 
 from gclab.cli import main
 from gclab.config import ModelConfig, TaskConfig
@@ -30,6 +32,7 @@ from gclab.parallel.config import parse_parallel_spec
 from gclab.sizing import StepSpec
 from gclab.sizing.layout_plan import predicted_seconds
 from gclab.sizing.speed import CARD_SPEEDS
+from gclab.training import loop
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ["--resolution", "6", "--mesh-splits", "2", "--latent", "16", "--steps", "2"]
@@ -145,6 +148,92 @@ def test_a_run_that_diverges_stops_and_saves_nothing(tmp_path, capsys):
     assert {f.relative_to(ckpt): f.read_bytes() for f in ckpt.rglob("*") if f.is_file()} == step1
 
 
+def test_a_run_that_diverges_from_scratch_makes_no_folder(tmp_path, capsys):
+    """Nothing was restored, so no earlier checkpoint is kept (the line said so before), and
+    --checkpoint-dir is not made before the first save (an empty one was)."""
+    folder = tmp_path / "ckpt"
+    assert main(["train", *TINY, "--train-steps", "1", "--learning-rate", "3.4e38",
+                 "--schedule-steps", "1", "--checkpoint-dir", str(folder)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "training diverged and nothing was saved; try" in err, err
+    assert "earlier checkpoints" not in err, err
+    assert not folder.exists()
+
+
+def _orbax_threads() -> list:
+    return [t for t in threading.enumerate() if type(t).__module__.startswith("orbax")]
+
+
+def test_a_save_that_fails_is_one_line_and_leaves_no_thread_waiting(tmp_path, capsys,
+                                                                     monkeypatch):
+    """--checkpoint-dir replaced by a file during the run: some 200 lines of orbax's
+    tracebacks, a message naming orbax's temporary folder, and orbax's threads waiting 300 s
+    for the folder (the process could not exit) before; now one line naming the option, the
+    step and why, and nothing left running."""
+    folder = tmp_path / "ckpt"
+    restore = loop.restore_state
+
+    def restore_then_replace(directory, like):
+        state = restore(directory, like)
+        shutil.rmtree(folder, ignore_errors=True)
+        folder.write_text("a file where the folder was")
+        return state
+
+    monkeypatch.setattr(loop, "restore_state", restore_then_replace)
+    assert main(["train", *TINY, "--train-steps", "1", "--checkpoint-dir", str(folder)]) == 1
+    assert capsys.readouterr().err == (f"gclab train: error: --checkpoint-dir {folder}: could "
+                                       "not save step 1 (it is a file, not a folder)\n")
+    assert not _orbax_threads()
+
+
+def test_an_interrupted_run_saves_its_last_step_and_says_so(tmp_path, capsys, monkeypatch):
+    """Ctrl-C during step 2 of 3 left --checkpoint-dir empty before. Now step 1 is saved, one
+    line says so (exit status 130), and the same command resumes from it as an
+    uninterrupted run goes on."""
+    straight = here(capsys, "train", *TINY, "--train-steps", "3", "--json")
+    argv = ["train", *TINY, "--train-steps", "3", "--checkpoint-dir", str(tmp_path / "ckpt")]
+
+    def ctrl_c_in_step_2(steps, **kwargs):
+        for k in steps:
+            if k == 1:
+                raise KeyboardInterrupt
+            yield k
+
+    with monkeypatch.context() as m:
+        m.setattr(tqdm, "tqdm", ctrl_c_in_step_2)
+        assert main(argv) == 130
+    assert capsys.readouterr().err == (f"gclab train: interrupted at step 2; saved step 1 to "
+                                       f"--checkpoint-dir {tmp_path / 'ckpt'}: resume with the "
+                                       "same command\n")
+    resumed = here(capsys, *argv, "--json")
+    assert resumed["first_step"] == 1 and resumed["losses"] == straight["losses"][1:]
+
+
+def test_a_folder_a_run_cannot_use_is_one_line(tmp_path, capsys):
+    """A --train-steps the checkpoint already reached took no step and said "saved step 2";
+    a number-named folder of the user's was deleted by orbax (it keeps the two newest
+    checkpoints and deletes the other number-named entries). Both are refused now."""
+    folder = tmp_path / "ckpt"
+    here(capsys, "train", *TINY, "--train-steps", "2", "--checkpoint-dir", str(folder), "--json")
+    for steps in ("1", "2"):
+        assert main(["train", *TINY, "--train-steps", steps, "--checkpoint-dir",
+                     str(folder)]) == 2
+        assert capsys.readouterr().err == (
+            f"gclab train: error: --train-steps {steps}: the checkpoint in --checkpoint-dir "
+            f"{folder} is at step 2 already (a resumed run continues up to --train-steps: give "
+            "more than 2)\n")
+    (folder / "1").mkdir()
+    (folder / "1" / "results.csv").write_text("a,b\n")
+    assert main(["train", *TINY, "--train-steps", "3", "--checkpoint-dir", str(folder)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"gclab train: error: --checkpoint-dir {folder}: holds 1, which orbax "
+                          "did not write: it is named like a checkpoint, and orbax keeps the two "
+                          "newest checkpoints there"), err
+    assert err.count("\n") == 1, err
+    assert sorted(os.listdir(folder)) == ["1", "2"]
+    assert (folder / "1" / "results.csv").read_text() == "a,b\n"
+
+
 def test_processes_that_do_not_all_join_stop_with_one_line():
     """Nothing answers process 1 at its coordinator; process 0 (a coordinator of its own) waits
     for a process 1 that never comes. Each says so in one line, exit status 1, after
@@ -251,6 +340,22 @@ def test_two_processes_train_like_one_device(capsys):
     single = here(capsys, "train", *TINY, "--train-steps", "2", "--batch", "2", "--json")
     assert (single["processes"], single["devices"]) == (1, 1)
     np.testing.assert_allclose(two["losses"], single["losses"], rtol=1e-5)
+
+
+def test_processes_given_different_options_are_refused():
+    """Processes of one run given --seed 0 and --seed 1 trained, each on its own examples,
+    and the checkpoint recorded one seed. Each process now gathers every process's digest of
+    its options after joining, and every one refuses, naming the first that differs."""
+    coordinator = f"127.0.0.1:{free_port()}"
+    procs = [gclab("train", *TINY, "--train-steps", "1", "--devices", "2", "--batch", "2",
+                   "--coordinator", coordinator, "--num-processes", "2", "--process-id", str(i),
+                   "--seed", str(i), wait=False) for i in range(2)]
+    outs = finish(procs)
+    assert [p.returncode for p in procs] == [2, 2], [err[-3000:] for _, err in outs]
+    for i, (_, err) in enumerate(outs):
+        assert err.endswith(f"gclab train: error: --seed {i}: process {1 - i} of this run was "
+                            "given another --seed; give every process the same options (all "
+                            "but --process-id)\n"), err[-3000:]
 
 
 def test_memory_reports_per_device_figures_and_collectives(capsys):

@@ -45,6 +45,13 @@ def _params(model, task):
     ({"batch": 0}, ValueError, "batch=0 is invalid: an integer >= 1"),
     ({"rollout": 0}, ValueError, "rollout=0 is invalid: an integer >= 1"),
     ({"seed": -1}, ValueError, "seed=-1 is invalid: an integer >= 0"),
+    # A ConfigError of the schedule after the graphs were built, or a raw TypeError, before.
+    ({"learning_rate": -1.0}, ValueError, "learning_rate=-1.0 is invalid: a number >= 0 and "
+                                          "<= 3.40282e+38 (float32's largest)"),
+    ({"learning_rate": float("nan")}, ValueError, "learning_rate=nan is invalid: a number"),
+    ({"learning_rate": 1e39}, ValueError, "learning_rate=1e+39 is invalid: a number"),
+    ({"learning_rate": "fast"}, TypeError, "learning_rate='fast' is invalid: a number"),
+    ({"learning_rate": None}, TypeError, "learning_rate=None is invalid: a number"),
 ])
 def test_an_argument_of_the_wrong_kind_is_named(kwargs, error, words, no_work):
     args = {"model": CFG, "task": TASK, "steps": 1, **kwargs}

@@ -1,6 +1,7 @@
 """Fine-tuning on real-layout data from published-format weights (`gclab train --data`)."""
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -162,3 +163,51 @@ def test_bad_fine_tuning_inputs_get_one_line(files, capsys, extra, text):
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and text.format(root=files) in err, err
     assert (files / "init.npz").read_bytes() == published
+
+
+def test_a_resume_on_another_dataset_or_other_statistics_is_one_line(files, capsys, tmp_path):
+    """A checkpoint of a run on --data records the dataset (its times, batch rows, grid and
+    levels) and a hash of its statistics: a resume with another --data file or --stats was
+    accepted silently before (only "real_data" was recorded)."""
+    weather = SyntheticWeather(TASK, CFG.resolution, seed=2)
+    write_dataset(synthetic_dataset(weather, frames=9, batch_starts=(0, 50)),
+                  tmp_path / "longer.nc")
+    (tmp_path / "stats").mkdir()
+    write_stats(compute_stats(synthetic_dataset(weather, frames=24, start=300)),
+                tmp_path / "stats")
+    init = ["train", "--init-checkpoint", str(files / "init.npz")]
+    folder = tmp_path / "ckpt"
+    assert cli.main([*init, "--data", str(files / "data.nc"), "--stats", str(files / "stats"),
+                     "--train-steps", "1", "--checkpoint-dir", str(folder)]) == 0
+    capsys.readouterr()
+    where = f"the checkpoint in --checkpoint-dir {folder} (step 1) was trained"
+    for data, stats, words in (
+            (tmp_path / "longer.nc", files / "stats",
+             [f"--data: {where} on another dataset (8 times from ", "this one has 9 times"]),
+            (files / "data.nc", tmp_path / "stats",
+             [f"--stats: {where} with other normalisation statistics (sha256 "])):
+        assert cli.main([*init, "--data", str(data), "--stats", str(stats),
+                         "--train-steps", "2", "--checkpoint-dir", str(folder)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"gclab train: error: {words[0]}"), err
+        assert all(w in err for w in words) and err.count("\n") == 1, err
+    assert os.listdir(folder) == ["1"]
+
+
+def test_a_step_whose_data_is_not_finite_saves_the_steps_before_it(files, capsys, tmp_path):
+    """A NaN in a later frame of --data stopped the run at the step that reads it with
+    nothing saved before; now the last completed step is saved, and the line says so."""
+    ds = open_dataset(files / "data.nc").load()
+    ds["2m_temperature"][0, 4] = np.nan  # row 0, frame 4: the third window reads it first
+    write_dataset(ds, tmp_path / "nan.nc")
+    folder = tmp_path / "ckpt"
+    assert cli.main(["train", "--init-checkpoint", str(files / "init.npz"), "--data",
+                     str(tmp_path / "nan.nc"), "--stats", str(files / "stats"),
+                     "--train-steps", "4", "--checkpoint-dir", str(folder)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert err.startswith(f"gclab train: error: step 3: {tmp_path / 'nan.nc'}: variable "
+                          "'2m_temperature' holds a non-finite value (nan) at time step 4"), err
+    assert err.endswith(f"; saved step 2 to --checkpoint-dir {folder}: resume with the same "
+                        "command once that is fixed\n"), err
+    assert os.listdir(folder) == ["2"]
