@@ -96,6 +96,7 @@ from gclab.training.loop import (
     StepsReached,
     TrainingDiverged,
     train,
+    tree_digest,
     weather_fingerprint,
 )
 from gclab.training.step import FLOAT32_MAX
@@ -1128,15 +1129,6 @@ def _digest(text: str) -> int:
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:4], "little", signed=True)
 
 
-def _array_digest(tree) -> str:
-    digest = hashlib.sha256()
-    for leaf in jax.tree_util.tree_leaves(tree):
-        a = np.ascontiguousarray(np.asarray(leaf))
-        digest.update(f"{a.dtype}{a.shape}".encode())
-        digest.update(a.tobytes())
-    return digest.hexdigest()
-
-
 def _run_options(args, weather, init_params) -> list[tuple[str, str, str]]:
     """(option, its value as a message shows it, what identifies the value) of each option
     that sets a run, in the parser's order: input files by what they hold (a dataset by
@@ -1156,7 +1148,7 @@ def _run_options(args, weather, init_params) -> list[tuple[str, str, str]]:
         elif dest == "stats":
             ident = fingerprint.get("stats")
         elif dest == "init_checkpoint":
-            ident = None if init_params is None else _array_digest(init_params)
+            ident = None if init_params is None else tree_digest(init_params)
         elif dest == "seed":
             shown = ident = 0 if value is None else value  # the default, given or not
         elif dest == "checkpoint_dir":

@@ -340,14 +340,17 @@ def latest_step(directory: str) -> Optional[int]:
     return max(steps, default=None)
 
 
-def _stats_digest(norm) -> str:
-    """A short sha256 of normalisation statistics' numbers (every array of `norm`)."""
+def tree_digest(tree, dtype=None) -> str:
+    """The sha256 (hex) of every array of `tree`: its dtype, shape and bytes, each leaf as
+    `dtype` where given (numbers that compare equal then hash the same, however stored).
+    What a run records of its statistics, and `gclab train` of the weights each process
+    was given."""
     digest = hashlib.sha256()
-    for leaf in jax.tree_util.tree_leaves(norm):
-        a = np.ascontiguousarray(np.asarray(leaf, dtype=np.float64))
-        digest.update(repr(a.shape).encode())
+    for leaf in jax.tree_util.tree_leaves(tree):
+        a = np.ascontiguousarray(np.asarray(leaf, dtype=dtype))
+        digest.update(f"{a.dtype}{a.shape}".encode())
         digest.update(a.tobytes())
-    return f"sha256 {digest.hexdigest()[:16]}"
+    return digest.hexdigest()
 
 
 def _shown_time(value) -> str:
@@ -375,7 +378,7 @@ def weather_fingerprint(weather) -> dict:
     hash of its normalisation statistics; `data`, where it has a dataset (`ds`, as
     `gclab.weather.DatasetWeather`), its time steps, first and last datetime, batch rows,
     grid and levels."""
-    fingerprint = {"stats": _stats_digest(weather.normalization())}
+    fingerprint = {"stats": f"sha256 {tree_digest(weather.normalization(), np.float64)[:16]}"}
     ds = getattr(weather, "ds", None)
     if ds is not None and hasattr(ds, "sizes") and "time" in ds.sizes:
         fingerprint["data"] = _data_fingerprint(ds)
