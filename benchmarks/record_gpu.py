@@ -1,11 +1,15 @@
 """Records the book on the GPU it finds: each chapter's live configurations and the recipes.
 
-Every configuration is compiled from shapes first; one whose plan fits the card's usable
-memory (`gclab.devices`) runs in a fresh process that reads the device's peak
-(``peak_bytes_in_use``) and times real steps; one that does not fit is recorded with its
-plan and ``"fits": false``. The work is cut into parts that each finish within 10 minutes on
-an 80 GB card; each part writes one recording (hardware, date, jax version, gclab commit
-inside) into `gclab.recordings.output_dir()`: ``$GCLAB_RECORDINGS``, else the repository's
+Every configuration is compiled from shapes first, in a fresh process; one whose plan fits
+the card's usable memory (`gclab.devices`) runs in another fresh process that reads the
+device's peak (``peak_bytes_in_use``) and times real steps; one that does not fit is
+recorded with its plan and ``"fits": false``. The plans are compiled away from this process
+because XLA:GPU autotunes a program as it compiles it, on buffers drawn from JAX's pool,
+which keeps every byte it took: on an H100, compiling the 0.25 deg step of recipe `none`
+left this process holding 59 GiB, and the next two measurements were refused. The work is
+cut into parts that each finish within 10 minutes on an 80 GB card; each part writes one
+recording (hardware, date, jax version, gclab commit inside) into
+`gclab.recordings.output_dir()`: ``$GCLAB_RECORDINGS``, else the repository's
 ``gclab-recordings`` (whatever the working directory), which the chapters read
 (`gclab.notebook.recorded`) from ``book/``.
 
@@ -109,18 +113,79 @@ def hardware() -> dict:
             "jax": jax.__version__, "commit": commit()}
 
 
+class PlanFailed(Exception):
+    """A configuration's plan could not be made; the message is its error's first line."""
+
+
+def plan_row(spec_json: dict, usable: int) -> dict:
+    """A configuration's plan and verdict, compiled in this process: ``plan_bytes``,
+    ``temp_bytes``, ``fits`` and ``status`` (`gclab.notebook.run_if_fits`)."""
+    from gclab.notebook import run_if_fits
+    from gclab.sizing import StepSpec, train_step_memory
+
+    spec = StepSpec.from_json(spec_json)
+    plan = train_step_memory(spec)
+    run = run_if_fits(spec, usable=usable, measure=False)
+    return {"plan_bytes": plan.total_bytes, "temp_bytes": plan.temp_bytes, "fits": run.fits,
+            "status": run.status()}
+
+
+_PLAN_CHILD = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+from record_gpu import plan_row
+try:
+    row = plan_row(json.loads(sys.argv[2]), int(sys.argv[3]))
+except Exception as e:
+    first = (str(e).strip().splitlines() or [""])[0][:300]
+    row = {"error": f"{type(e).__name__}: {first}"}
+print("PLAN " + json.dumps(row))
+"""
+
+
+def plan_in_fresh_process(spec_json: dict, usable: int, timeout: float = 900.0) -> dict:
+    """`plan_row` run in a fresh Python process, so that what XLA's autotuning takes of
+    JAX's pool while compiling stays out of this one (see the module's docstring).
+
+    Raises:
+      PlanFailed: the plan raised (its type and first line), or the process died or
+        printed no plan (its last line of output).
+    """
+    # A plain subprocess, not `measure_peak`: nothing of this process is measured; the
+    # fresh process is what matters, and its one line of JSON is the whole answer.
+    env = {**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false",
+           "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH"))
+                                         if p)}
+    try:
+        proc = subprocess.run([sys.executable, "-c", _PLAN_CHILD, str(ROOT / "benchmarks"),
+                               json.dumps(spec_json), str(int(usable))], capture_output=True,
+                              text=True, env=env, cwd=ROOT, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise PlanFailed(f"the plan took over {timeout:.0f} s") from None
+    lines = [line[5:] for line in proc.stdout.splitlines() if line.startswith("PLAN ")]
+    if not lines:
+        last = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
+        raise PlanFailed(f"the planning process printed no plan: {last[:300]}")
+    row = json.loads(lines[-1])
+    if "error" in row:
+        raise PlanFailed(row["error"])
+    return row
+
+
 def record_part(part: Part, scale, dry_run: bool, repeats: int = 3,
-                save: Optional[Callable[[dict], None]] = None) -> dict:
+                save: Optional[Callable[[dict], None]] = None,
+                plan: Callable[[dict, int], dict] = plan_in_fresh_process) -> dict:
     """Runs (or, dry, lists) one part; returns the recording.
 
-    A configuration that fails, here or in its measured run on the card (``measure_status``
-    ``oom`` or ``error``), is recorded as failed (its error's first line) and the next
-    one still runs; `save`, if given, receives the recording so far after every
-    configuration, so that a run cut short keeps the rows it measured.
+    A configuration that fails, in its plan or in its measured run on the card
+    (``measure_status`` ``oom`` or ``error``), is recorded as failed (its error's first
+    line) and the next one still runs; `save`, if given, receives the recording so far
+    after every configuration, so that a run cut short keeps the rows it measured. `plan`
+    makes a configuration's plan and verdict (`plan_row`'s keys) from its spec's JSON and
+    the usable bytes: in a fresh process unless told otherwise.
     """
     from gclab.limits import format_bytes
-    from gclab.notebook import run_if_fits, usable_here
-    from gclab.sizing import train_step_memory
+    from gclab.notebook import usable_here
 
     usable = scale.device_class.usable_bytes if dry_run else usable_here()
     rows = []
@@ -132,11 +197,10 @@ def record_part(part: Part, scale, dry_run: bool, repeats: int = 3,
             rows.append(row)
             continue
         try:
-            plan = train_step_memory(config.spec)
-            row.update(plan_bytes=plan.total_bytes, temp_bytes=plan.temp_bytes)
-            run = run_if_fits(config.spec, config.label, usable=usable, measure=False)
-            row.update(fits=run.fits, status=run.status())
-            if run.fits:
+            planned = plan(config.spec.to_json(), usable)
+            plan_bytes = planned["plan_bytes"]
+            row.update(planned)
+            if planned["fits"]:
                 import jax
 
                 from gclab.measure import measure_peak
@@ -144,17 +208,19 @@ def record_part(part: Part, scale, dry_run: bool, repeats: int = 3,
                 # Not measured (one line) where this process holds too much of the card.
                 r = measure_peak("gclab.sizing.sweep:timed_steps",
                                  {"spec_json": config.spec.to_json(), "steps": repeats},
-                                 device=jax.devices()[0], plan_bytes=plan.total_bytes)
+                                 device=jax.devices()[0], plan_bytes=plan_bytes)
                 row.update(measure_status=r.status, peak_bytes=r.peak_bytes,
                            step_seconds=(r.result or {}).get("step_seconds"),
-                           measured_over_plan=(r.peak_bytes / plan.total_bytes
+                           measured_over_plan=(r.peak_bytes / plan_bytes
                                                if r.peak_bytes else None))
                 first = (str(r.message).strip().splitlines() or [""])[0][:300]
                 if r.status in ("oom", "error"):  # the plan fits, yet the run on the card failed
                     row["status"] = (f"failed on the card ({r.status}, plan "
-                                     f"{format_bytes(plan.total_bytes)}): {first}")
+                                     f"{format_bytes(plan_bytes)}): {first}")
                 elif not r.ok:  # never started, or no peak reported: the plan's verdict stays
                     row["measure_message"] = first
+        except PlanFailed as e:  # the planning process said why, in one line
+            row.update(plan_bytes=None, fits=None, status=f"failed: {e}")
         except Exception as e:  # noqa: BLE001 - recorded; the lease goes on to the next one
             first = (str(e).strip().splitlines() or [""])[0][:300]
             row.setdefault("plan_bytes", None)  # a plan made before the failure is kept

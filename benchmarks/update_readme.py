@@ -11,7 +11,9 @@ example from `benchmarks/results/plan-example-cpu.json` (`plan_example.py`: the 
 `benchmarks/results/ci-run-cpu.json` (`ci_run.py`), the per-device
 table from `benchmarks/results/parallel-memory-cpu-*.json` (written by `parallel_memory.py`),
 the cluster plans from `benchmarks/results/cluster-plans-cpu.json` (`cluster_plans.py`),
-the chapters' profiles from `benchmarks/results/chapter-profile-cpu*.json` (`chapter_profile.py`).
+the chapters' profiles from `benchmarks/results/chapter-profile-cpu*.json` (`chapter_profile.py`),
+the chapters' runs on a card from `gclab/recordings/gpu-*.json` (`record_gpu.py`, shipped with
+gclab so that the chapters read them).
 `tests/test_readme.py` checks that the README matches them.
 
     python benchmarks/update_readme.py
@@ -123,6 +125,36 @@ def memory_gpu_block() -> str:
               f"temp is {min(ratios):.2f} to {max(ratios):.2f} of float32 temp across these "
               "rows."]
     return "\n".join(lines)
+
+
+def gpu_chapters_block() -> str:
+    """The chapters' configurations as `record_gpu.py` ran them on a card, one table per
+    recording shipped in ``gclab/recordings``."""
+    lines = []
+    for path in sorted((ROOT / "gclab" / "recordings").glob("gpu-*.json")):
+        record = json.loads(path.read_text())
+        hw = record["hardware"]
+        if lines:
+            lines.append("")
+        lines += [f"`{path.name}`: scale {record['scale']}, {hw['device']} (XLA:GPU), jax "
+                  f"{hw['jax']}, {record['date'][:10]}, gclab commit {str(hw['commit'])[:12]}"
+                  + ("" if record.get("complete", True) else " (incomplete)") + ":", "",
+                  "| chapter | configuration | plan | measured peak | peak / plan | step |",
+                  "|---|---|---:|---:|---:|---:|"]
+        for r in record["rows"]:
+            plan = _gib(r["plan_bytes"]) if r.get("plan_bytes") else "n/a"
+            if r.get("peak_bytes"):
+                peak, ratio = _gib(r["peak_bytes"]), f"{r['measured_over_plan']:.3f}"
+                step = f"{r['step_seconds']:.2f} s"
+            else:
+                why = ("does not fit the card" if r.get("fits") is False else
+                       "not measured \\*" if r.get("fits") else "failed")
+                peak, ratio, step = why, "", ""
+            lines.append(f"| {r['chapter']} | {r['label']} | {plan} | {peak} | {ratio} | {step} |")
+        unmeasured = [r["measure_message"] for r in record["rows"] if r.get("measure_message")]
+        if unmeasured:  # the run's own reason, as the chapters show it
+            lines += ["", f"\\* {unmeasured[0].split('; measure from')[0]}."]
+    return "\n".join(lines) if lines else "No chapter has been recorded on a card yet."
 
 
 def plan_block() -> str:
@@ -277,7 +309,7 @@ def cluster_block() -> str:
 
 
 BLOCKS = {"official-claim": official_block, "memory-table": memory_block,
-          "memory-gpu": memory_gpu_block,
+          "memory-gpu": memory_gpu_block, "gpu-chapters": gpu_chapters_block,
           "plan-example": plan_block, "book-build": book_block,
           "ci-run": ci_block, "parallel-table": parallel_block, "cluster-plans": cluster_block,
           "chapter-profiles": profile_block}

@@ -582,17 +582,51 @@ GPU_RECORDING_PARTS = {"01": "chapters-01-05-07", "03": "chapter-03", "05": "cha
                        "06": "chapter-06", "07": "chapters-01-05-07"}
 
 
-def gpu_recording(chapter: str, scale: Scale, data_dir: Optional[Path] = None):
-    """A chapter's GPU recording at `scale` as a table, or None where none was recorded.
+def gpu_record(chapter: str, scale: Scale, data_dir: Optional[Path] = None, *,
+               other_scales: bool = False) -> Optional[dict]:
+    """A chapter's GPU recording (``benchmarks/record_gpu.py``) as recorded, or None.
+
+    Args:
+      chapter: ``01`` .. ``08``.
+      scale: the scale whose recording is wanted.
+      data_dir: the folder to read first (default: `gclab.recordings.output_dir()`).
+      other_scales: where none was recorded at `scale`, the recording of the largest other
+        scale that has one (its ``scale`` says which): a CPU reader still sees what a card
+        did, marked as another scale's.
 
     Returns:
-      `(title, DataFrame)`: the title names the device, date, jax version and commit; the
-      rows give each configuration's plan, measured peak, their ratio and step time.
+      The JSON object (``hardware``, ``date``, ``scale``, ``rows`` of this chapter's
+      configurations only, ``complete``), or None where there is none.
+    """
+    part = GPU_RECORDING_PARTS.get(str(chapter).zfill(2))
+    if part is None:
+        return None
+    names = [scale.name] + ([s for s in reversed(SCALES) if s not in ("cpu", scale.name)]
+                            if other_scales else [])
+    for name in names:
+        record = recorded(f"gpu-{name}-{part}", data_dir)
+        if record is not None:
+            rows = [r for r in record["rows"] if r["chapter"] == str(chapter).zfill(2)]
+            return {**record, "scale": record.get("scale", name), "rows": rows}
+    return None
+
+
+def gpu_recording(chapter: str, scale: Scale, data_dir: Optional[Path] = None, *,
+                  other_scales: bool = False):
+    """A chapter's GPU recording at `scale` as a table, or None where none was recorded.
+
+    Args:
+      other_scales: where none was recorded at `scale`, show the largest other scale's
+        (`gpu_record`); the title then names that scale.
+
+    Returns:
+      `(title, DataFrame)`: the title names the device, date, jax version and commit (and
+      the scale, where it is not `scale`); the rows give each configuration's plan,
+      measured peak, their ratio and step time.
     """
     import pandas as pd
 
-    part = GPU_RECORDING_PARTS.get(str(chapter).zfill(2))
-    record = recorded(f"gpu-{scale.name}-{part}", data_dir) if part else None
+    record = gpu_record(chapter, scale, data_dir, other_scales=other_scales)
     if record is None:
         return None
     hw = record["hardware"]
@@ -600,9 +634,11 @@ def gpu_recording(chapter: str, scale: Scale, data_dir: Optional[Path] = None):
              "measured peak": _format(r.get("peak_bytes")),
              "measured / plan": r.get("measured_over_plan"),
              "step seconds": r.get("step_seconds"), "on the card": _on_the_card(r)}
-            for r in record["rows"] if r["chapter"] == str(chapter).zfill(2)]
-    title = (f"recorded on {hw['device']} ({hw.get('backend')}), {record['date']}, jax "
-             f"{hw.get('jax')}, gclab commit {str(hw.get('commit'))[:12]}"
+            for r in record["rows"]]
+    elsewhere = (f"at scale {record['scale']}, not this chapter's {scale.name}: "
+                 if record["scale"] != scale.name else "")
+    title = (f"{elsewhere}recorded on {hw['device']} ({hw.get('backend')}), {record['date']}, "
+             f"jax {hw.get('jax')}, gclab commit {str(hw.get('commit'))[:12]}"
              + (" (incomplete: the run stopped before its last configuration)"
                 if record.get("complete") is False else ""))
     return title, pd.DataFrame(rows)

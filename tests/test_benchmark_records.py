@@ -614,7 +614,8 @@ def test_record_gpu_run_that_fails_on_the_card_is_not_recorded_as_running(benchm
     monkeypatch.setattr(gclab.measure, "measure_peak", lambda *a, **k: next(outcomes))
     part = record_gpu.Part("p", "three", lambda scale: gclab.notebook.live_configs(
         "05", scale)[:1] * 4)
-    rows = record_gpu.record_part(part, gclab.notebook.scale_named("80GB"), dry_run=False)["rows"]
+    rows = record_gpu.record_part(part, gclab.notebook.scale_named("80GB"), dry_run=False,
+                                  plan=record_gpu.plan_row)["rows"]
     assert [r["measure_status"] for r in rows] == ["oom", "error", "ok", "not measured"]
     assert rows[0]["status"] == ("failed on the card (oom, plan 3.00 GiB): RESOURCE_EXHAUSTED: "
                                  "Out of memory while trying to allocate 40.1GiB")

@@ -168,7 +168,7 @@ def test_gpu_recordings_are_shown_with_hardware_date_and_ratio(tmp_path):
     from gclab.notebook import gpu_recording
 
     scale = SCALE_TABLE["80GB"]
-    assert gpu_recording("03", scale, tmp_path) is None
+    assert gpu_recording("03", SCALE_TABLE["40GB"], tmp_path) is None  # none recorded there
     record = {"hardware": {"device": "NVIDIA H100 80GB HBM3", "backend": "gpu", "jax": "0.10.2",
                            "commit": "0123456789abcdef"},
               "date": "2026-11-24T01:00:00+00:00", "part": "chapter-03", "scale": "80GB",
@@ -184,6 +184,36 @@ def test_gpu_recordings_are_shown_with_hardware_date_and_ratio(tmp_path):
     assert list(table["configuration"]) == ["lean", "none"]
     assert table["measured peak"][0] == "11.00 GiB" and table["measured / plan"][0] == 1.1
     assert table["measured peak"][1] == "n/a" and "does not fit" in table["on the card"][1]
+
+
+def test_a_gpu_recording_of_another_scale_is_shown_only_when_asked_and_named(tmp_path):
+    """A reader on a CPU sees what a card recorded, marked as another scale's; the
+    largest scale recorded wins, and the raw rows are this chapter's only."""
+    from gclab.notebook import gpu_record, gpu_recording
+
+    def write(scale, device, label):
+        record = {"hardware": {"device": device, "backend": "gpu", "jax": "0.11.2",
+                               "commit": "0123456789abcdef"},
+                  "date": "2026-11-28T01:54:13+00:00", "part": "chapters-01-05-07",
+                  "scale": scale,
+                  "rows": [{"chapter": "05", "label": label, "plan_bytes": 2**30,
+                            "peak_bytes": 2**30, "status": "runs (plan 1.00 GiB)"},
+                           {"chapter": "01", "label": "forward pass", "plan_bytes": 2**30,
+                            "status": "runs (plan 1.00 GiB)"}]}
+        (tmp_path / f"gpu-{scale}-chapters-01-05-07.json").write_text(json.dumps(record))
+
+    write("16GB", "Tesla T4", "small card")
+    write("80GB", "NVIDIA H100 80GB HBM3", "big card")
+    cpu = SCALE_TABLE["cpu"]
+    assert gpu_recording("05", cpu, tmp_path) is None
+    title, table = gpu_recording("05", cpu, tmp_path, other_scales=True)
+    assert title.startswith("at scale 80GB, not this chapter's cpu: recorded on NVIDIA H100")
+    assert list(table["configuration"]) == ["big card"]
+    record = gpu_record("05", SCALE_TABLE["16GB"], tmp_path, other_scales=True)
+    assert record["scale"] == "16GB" and [r["label"] for r in record["rows"]] == ["small card"]
+    title, _ = gpu_recording("05", SCALE_TABLE["16GB"], tmp_path, other_scales=True)
+    assert title.startswith("recorded on Tesla T4")
+    assert gpu_record("02", cpu, tmp_path, other_scales=True) is None  # no part records 02
 
 
 def test_compare_times_names_a_winner_only_beyond_the_spread():

@@ -86,7 +86,8 @@ def test_a_configuration_that_fails_is_recorded_and_each_row_is_saved_as_it_ends
     saved = []
     scale = gclab.notebook.scale_named("80GB")
     recording = record_gpu.record_part(record_gpu.PARTS[1], scale, dry_run=False,
-                                       save=lambda r: saved.append(len(r["rows"])))
+                                       save=lambda r: saved.append(len(r["rows"])),
+                                       plan=record_gpu.plan_row)
     rows = recording["rows"]
     assert saved == list(range(1, len(rows) + 1))
     failed = [r for r in rows if r["status"].startswith("failed")]
@@ -94,6 +95,55 @@ def test_a_configuration_that_fails_is_recorded_and_each_row_is_saved_as_it_ends
     assert all(r["status"] == "failed: TypeError: No constant handler for type: "
                "<DynamicJaxprTracer>" and r["fits"] is None for r in failed)
     assert all(r["plan_bytes"] == Plan.total_bytes for r in rows if r not in failed)
+
+
+def _record_gpu():
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        import record_gpu
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    return record_gpu
+
+
+def test_plans_are_compiled_in_a_fresh_process():
+    """On an H100, compiling the 0.25 deg `none` plan in the recording process left JAX's
+    pool holding 59 GiB there (XLA:GPU autotunes on real buffers), and the next two
+    measurements were refused: the plans are made in a child process, whose answer and
+    whose errors come back as one row or one line."""
+    from gclab.config import get_preset
+    from gclab.memory import MemoryConfig
+    from gclab.sizing import StepSpec
+
+    record_gpu = _record_gpu()
+    preset = get_preset("cpu-4x32")
+    spec = StepSpec(preset.model, preset.task, MemoryConfig()).to_json()
+    row = record_gpu.plan_in_fresh_process(spec, 2**40)
+    assert row["fits"] is True and row["status"].startswith("runs (plan ")
+    assert 0 < row["temp_bytes"] < row["plan_bytes"] < 2**30
+    bad = {**spec, "model": {**spec["model"], "latent_size": 0}}
+    with pytest.raises(record_gpu.PlanFailed, match=r"^\w+Error: .*latent_size"):
+        record_gpu.plan_in_fresh_process(bad, 2**40)
+
+
+def test_a_plan_that_fails_is_one_row_and_the_next_configuration_runs():
+    record_gpu = _record_gpu()
+    from gclab.notebook import scale_named
+
+    answers = iter([record_gpu.PlanFailed("ValueError: the planning process broke"),
+                    {"plan_bytes": 5, "temp_bytes": 1, "fits": False, "status": "no fit"}])
+
+    def plan(spec_json, usable):
+        answer = next(answers)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    part = record_gpu.Part("p", "two", lambda scale: record_gpu.PARTS[1].configs(scale)[:2])
+    rows = record_gpu.record_part(part, scale_named("80GB"), dry_run=False, plan=plan)["rows"]
+    assert rows[0]["status"] == "failed: ValueError: the planning process broke"
+    assert rows[0]["plan_bytes"] is None and rows[0]["fits"] is None
+    assert rows[1]["status"] == "no fit" and rows[1]["plan_bytes"] == 5
 
 
 def test_an_incomplete_recording_says_so(tmp_path):
