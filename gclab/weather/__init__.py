@@ -8,7 +8,8 @@
 | `forecast` | autoregressive forecasts in the official rollout's layout |
 
 xarray, h5netcdf, zarr and dask are the optional `data` extra (`pip install gclab[data]`);
-`dataset` imports xarray only where it reads or writes a dataset.
+`dataset` imports xarray only where it reads or writes a dataset (`import_data_extra`, which
+names the ``gclab[data]`` extra where a package of it is missing).
 """
 
 from gclab.weather.checkpoint import (

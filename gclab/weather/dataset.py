@@ -115,9 +115,12 @@ def _reading(where: str, name) -> Iterator[None]:
 DATA_EXTRA = "pip install 'gclab[data]'"
 
 
-def _extra(module: str):
+def import_data_extra(module: str):
     """`module` (of the optional `data` extra: xarray, h5netcdf, zarr, dask), imported where
-    it is used; one not installed is a `DataError` naming it and the install command."""
+    it is used; one not installed is a `DataError` naming it and the install command.
+
+    Public so that `gclab.weather.era5` imports them the same way: a missing one is the
+    same line wherever it is first needed."""
     try:
         return importlib.import_module(module)
     except ImportError as e:
@@ -127,7 +130,7 @@ def _extra(module: str):
 
 
 def _xarray():
-    return _extra("xarray")
+    return import_data_extra("xarray")
 
 
 #: What a dataset argument must be, in the words of a wrong-kind message.
@@ -334,7 +337,7 @@ def open_dataset(path: PathLike):
     require_kind("path", path, PATH_KINDS, "a str or os.PathLike (a netCDF file or zarr "
                  "folder)")
     xarray = _xarray()
-    _extra("dask")  # every read is lazy (`add_derived_vars`, `compute_stats`)
+    import_data_extra("dask")  # every read is lazy (`add_derived_vars`, `compute_stats`)
     path = Path(path)
     if not path.exists():
         raise DataError(f"{path}: no such file or folder")
@@ -343,12 +346,12 @@ def open_dataset(path: PathLike):
     # unless asked.
     try:
         if path.is_dir():
-            _extra("zarr")
+            import_data_extra("zarr")
             ds = xarray.open_zarr(path, chunks={}, decode_timedelta=True)
         else:
             hdf5 = _is_hdf5(path)
             if hdf5:
-                _extra("h5netcdf")
+                import_data_extra("h5netcdf")
             ds = xarray.open_dataset(path, engine="h5netcdf" if hdf5 else None,
                                      decode_timedelta=True)
     except DataError:  # a module of the data extra not installed
@@ -377,14 +380,23 @@ def official_layout(ds):
     Every command reads a dataset through this (`open_dataset`, `check_dataset`,
     `compute_stats`), so that statistics, forecasts and training read one file the same.
     """
-    if "lat" in ds.dims and "lat" in ds.coords and ds.sizes["lat"] > 1 and bool(
-            np.any(np.diff(np.asarray(ds["lat"].values, np.float64)) < 0)):
-        ds = ds.sortby("lat")
+    ds = lat_south_to_north(ds)
     time = ds.coords.get("time")
     if ("datetime" not in ds.coords and time is not None and time.dims == ("time",)
             and time.dtype.kind == "M"):
         dt = time.values.astype("datetime64[ns]")  # [T]
         ds = ds.assign_coords(time=("time", dt - dt[0]), datetime=("time", dt))
+    return ds
+
+
+def lat_south_to_north(ds):
+    """`ds` with `lat` sorted south to north, as the official layout has it. The one place
+    this rule lives: `official_layout` and `gclab.weather.era5.to_official_layout` both
+    call it. A dataset already in that order, or without a `lat` coordinate, is returned as
+    it is (a sort would reindex every variable for nothing); only `lat` is read."""
+    if "lat" in ds.dims and "lat" in ds.coords and ds.sizes["lat"] > 1 and bool(
+            np.any(np.diff(np.asarray(ds["lat"].values, np.float64)) < 0)):
+        ds = ds.sortby("lat")
     return ds
 
 
@@ -423,7 +435,7 @@ def write_dataset(ds, path: PathLike) -> None:
     from gclab.files import atomic_path
     _require_dataset("ds", ds)
     require_kind("path", path, PATH_KINDS, "a str or os.PathLike (a netCDF file)")
-    _extra("h5netcdf")
+    import_data_extra("h5netcdf")
     with atomic_path(path) as tmp:
         ds.to_netcdf(tmp, engine="h5netcdf")
 
@@ -490,7 +502,7 @@ def write_stats(stats: Stats, folder: PathLike) -> None:
     _require_stats(stats)
     require_kind("folder", folder, PATH_KINDS, "a str or os.PathLike (the statistics "
                  "folder)")
-    _extra("h5netcdf")
+    import_data_extra("h5netcdf")
     with contextlib.ExitStack() as files:
         for name, ds in zip(STATS_FILES.values(), stats):
             ds.to_netcdf(files.enter_context(atomic_path(Path(folder) / name)),
@@ -551,7 +563,7 @@ def _progress_from_datetime(ds, name: str, where: str) -> dict:
     The values are dask arrays of `PROGRESS_CHUNK` time steps a chunk, computed where they
     are read (the same numbers as numpy's, element by element); only the coordinates are
     read now."""
-    dask_array = _extra("dask.array")
+    dask_array = import_data_extra("dask.array")
 
     for coord in ("datetime",) + (("lon",) if name == "day_progress" else ()):
         if coord not in ds.coords:

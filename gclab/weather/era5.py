@@ -20,7 +20,12 @@ from typing import Optional, Sequence, Union
 import numpy as np
 
 from gclab.config import require_kind
-from gclab.weather.dataset import DataError, dataset_levels
+from gclab.weather.dataset import (
+    DataError,
+    dataset_levels,
+    import_data_extra,
+    lat_south_to_north,
+)
 
 PathLike = Union[str, os.PathLike]
 RENAMES = {"latitude": "lat", "longitude": "lon"}
@@ -52,7 +57,7 @@ def to_official_layout(ds, times: Optional[slice] = None,
     if not np.issubdtype(ds["time"].dtype, np.datetime64):
         raise DataError("WeatherBench2 dataset: 'time' must hold datetimes, it holds "
                         f"{ds['time'].dtype}")
-    ds = ds.rename(RENAMES).sortby("lat")  # south to north, as the official layout
+    ds = lat_south_to_north(ds.rename(RENAMES))
     if times is not None:
         require_kind("times", times, slice, "a slice of datetimes (strings such as "
                      "\"2020-01-01T00\" work)")
@@ -85,9 +90,12 @@ def open_era5(path: PathLike, times: Optional[slice] = None,
 
     Raises:
       DataError: no such store, not a readable zarr store, or what `to_official_layout`
-        refuses (the message names the store).
+        refuses (the message names the store); or a module of the `data` extra that
+        reading it needs (xarray, dask, zarr) not installed.
     """
-    import xarray
+    xarray = import_data_extra("xarray")
+    import_data_extra("dask")  # the store is opened lazily, one chunk per time step
+    import_data_extra("zarr")
     path = Path(path)
     if not path.exists():
         raise DataError(f"{path}: no such zarr store")

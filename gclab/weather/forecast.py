@@ -34,6 +34,7 @@ from gclab.weather.dataset import (
     FRAME_STEP,
     Stats,
     check_dataset,
+    import_data_extra,
     normalization_from_stats,
     params_to_gclab_channels,
     raw_example,
@@ -91,7 +92,7 @@ def forecast(ckpt: Checkpoint, ds, stats: Stats, steps: int,
       gclab.weather.DataError: the dataset or statistics lack something, or a value the
         forecast uses (inputs, forcings, statics) is not finite (named).
     """
-    import xarray
+    xarray = import_data_extra("xarray")  # one line naming gclab[data] where it is missing
 
     # Every argument before any graph is built: a bad one fails in a moment, named.
     require_kind("ckpt", ckpt, Checkpoint, "a Checkpoint (read_checkpoint(path))")
