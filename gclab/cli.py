@@ -95,6 +95,7 @@ from gclab.training.loop import (
     ScheduleMismatch,
     StepsReached,
     TrainingDiverged,
+    latest_step,
     train,
     tree_digest,
     weather_fingerprint,
@@ -1095,6 +1096,9 @@ def _check_train_options(args) -> None:
         raise UsageError(f"--seed {args.seed}: leave it out with --init-checkpoint and --data "
                          "(the checkpoint sets the parameters and the data the examples: "
                          "nothing is seeded)")
+    if args.save_every is not None and args.checkpoint_dir is None:
+        raise UsageError(f"--save-every {args.save_every}: only with --checkpoint-dir DIR "
+                         "(the folder it saves to)")
     if args.save_checkpoint is not None:
         _check_inputs_kept(args, "--save-checkpoint", args.save_checkpoint)
         folder = args.checkpoint_dir
@@ -1201,7 +1205,8 @@ def cmd_train(args) -> int:
                        learning_rate=args.learning_rate, schedule_steps=args.schedule_steps,
                        checkpoint_dir=None if args.checkpoint_dir is None
                        else str(args.checkpoint_dir.resolve()),
-                       progress=progress, weather=weather, init_params=init_params)
+                       save_every=args.save_every, progress=progress, weather=weather,
+                       init_params=init_params)
     except StagesWouldHang as e:  # found in the compiled step, before it ran
         raise UsageError(f"--parallel {_shown(args.parallel)}: {e.reason}") from None
     except ScheduleMismatch as e:  # resuming would change the run: the option, not the folder
@@ -1214,17 +1219,21 @@ def cmd_train(args) -> int:
                          f"resumed run continues up to --train-steps: give more than "
                          f"{e.step})") from None
     except SaveError as e:  # the steps ran, their state could not be kept: exit status 1
+        held = latest_step(str(args.checkpoint_dir))  # a --save-every step before, say
+        kept = (f"; step {held} is kept there: resume with the same command once that is "
+                "fixed" if held is not None and held < e.step else "")
         print(f"gclab train: error: --checkpoint-dir {_shown(str(args.checkpoint_dir))}: "
-              f"could not save step {e.step} ({e.reason})", file=sys.stderr)
+              f"could not save step {e.step} ({e.reason}){kept}", file=sys.stderr)
         return 1
     except TrainingDiverged as e:  # not the input's fault as such: exit status 1
         kept = (f"; earlier checkpoints in --checkpoint-dir {_shown(str(args.checkpoint_dir))}"
-                " are kept" if args.checkpoint_dir is not None and e.resumed is not None
-                else "")
+                " are kept" if args.checkpoint_dir is not None
+                and (e.resumed is not None or e.saved is not None) else "")
+        nothing = "nothing" if e.saved is None else f"nothing after step {e.saved}"
         what = (f"the weights are not finite after step {e.step} (loss {e.loss:g}, gradient "
                 f"norm {e.grad_norm:g})" if e.weights else
                 f"the loss is {e.loss:g} at step {e.step} (gradient norm {e.grad_norm:g})")
-        print(f"gclab train: error: {what}: training diverged and nothing was saved{kept}; "
+        print(f"gclab train: error: {what}: training diverged and {nothing} was saved{kept}; "
               f"try a lower --learning-rate (now {args.learning_rate:g})"
               + (", or check --data for missing values" if args.data is not None else ""),
               file=sys.stderr)
@@ -1419,6 +1428,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "step (a number). A resumed run must keep --schedule-steps, "
                    "--learning-rate, --batch, --rollout, --data (the same dataset) and --stats, "
                    "or their absence, and --seed on synthetic weather")
+    g.add_argument("--save-every", type=_count(1), metavar="N",
+                   help="with --checkpoint-dir, also save there after every N-th step (N, 2N, "
+                   "...), so that a run killed outright (out of memory, preempted) resumes from "
+                   "the last of them; a resumed run may change it")
     g = p.add_argument_group("real weather and published weights")
     g.add_argument("--data", action=_Input, read=_dataset, metavar="PATH",
                    help="train on this dataset (netCDF file or zarr folder, official layout) "

@@ -86,7 +86,8 @@ def batch_start(step: int, batch: int) -> int:
 
 
 def _check_train_arguments(model, task, steps, memory, parallel, weather, schedule_steps,
-                           batch, rollout, seed, learning_rate) -> None:
+                           batch, rollout, seed, learning_rate, checkpoint_dir,
+                           save_every) -> None:
     """`train`'s arguments of the wrong kind, each named before any work (inside, each
     would fail as an attribute error of some later line)."""
     for name, value, kind, optional in (("model", model, ModelConfig, False),
@@ -112,6 +113,11 @@ def _check_train_arguments(model, task, steps, memory, parallel, weather, schedu
         error = ValueError if is_number(learning_rate) else WrongType
         raise error(f"learning_rate={learning_rate!r} is invalid: a number >= 0 and <= "
                     f"{FLOAT32_MAX:g} (float32's largest)")
+    if save_every is not None:
+        require_count("save_every", save_every, 1)
+        if checkpoint_dir is None:  # it would save nothing, silently
+            raise ValueError(f"save_every={save_every!r} is invalid without checkpoint_dir, "
+                             "the folder it saves to: give both, or leave save_every None")
 
 
 def check_init_params(params, model: ModelConfig, task: TaskConfig) -> None:
@@ -178,7 +184,8 @@ class TrainingDiverged(ValueError):
     """A step's loss or gradient norm is not finite, or the weights of the last step are not:
     the weights it made are NaN or infinite.
 
-    Nothing of the run is saved (a checkpoint saved before stays as it was).
+    Nothing of the run is saved after its last `save_every` save (a checkpoint saved
+    before stays as it was).
 
     Attributes:
       step: the step, counted from 1 (the first step a run takes is step 1).
@@ -188,16 +195,19 @@ class TrainingDiverged(ValueError):
         update made are not (an update too large for float32).
       resumed: the step of the checkpoint the run resumed from (kept as it was), or None
         (no checkpoint was restored).
+      saved: the last step this run saved (`save_every`; kept as it was), or None.
     """
 
     def __init__(self, step: int, loss: float, grad_norm: float,
-                 weights: bool = False, resumed: Optional[int] = None) -> None:
+                 weights: bool = False, resumed: Optional[int] = None,
+                 saved: Optional[int] = None) -> None:
         what = (f"the weights are not finite after step {step} (loss {loss:g}, gradient norm "
                 f"{grad_norm:g})" if weights
                 else f"the loss is {loss:g} at step {step} (gradient norm {grad_norm:g})")
-        super().__init__(f"{what}: training diverged, and nothing was saved")
+        nothing = "nothing" if saved is None else f"nothing after step {saved}"
+        super().__init__(f"{what}: training diverged, and {nothing} was saved")
         self.step, self.loss, self.grad_norm, self.weights = step, loss, grad_norm, weights
-        self.resumed = resumed
+        self.resumed, self.saved = resumed, saved
 
 
 class CheckpointDirError(ValueError):
@@ -256,7 +266,8 @@ class Stopped:
 
     Attributes:
       step: the step that did not complete, counted from 1.
-      saved: the step saved to the checkpoint folder, or None.
+      saved: the latest step of this run in the checkpoint folder (saved on stopping, or
+        before by `save_every`), or None.
       why_not: where nothing was saved, why (e.g. "no step completed").
     """
 
@@ -575,11 +586,14 @@ def save_state(directory: str, state: TrainState, settings: Optional[dict] = Non
     return step
 
 
-def _save_on_stop(directory: str, state: TrainState, start: int, settings: dict) -> Stopped:
+def _save_on_stop(directory: str, state: TrainState, start: int, settings: dict,
+                  failed: int, saved: Optional[int] = None) -> Stopped:
     """Saves `state`, the state after the last step that completed, when a run stops on an
     error of a later step: only in a one-process run (the other processes of a run are
     not stopping with this one, and a save needs them all), only when a step completed
-    since `start`, and only finite weights."""
+    since `start`, only finite weights, and only a step not saved already. `failed`: the
+    step that was running (where the state cannot tell); `saved`: the last step this run
+    saved (`save_every`), which the `Stopped` names where nothing later is saved."""
     try:
         deleted = any(a.is_deleted() for a in jax.tree_util.tree_leaves(state)
                       if isinstance(a, jax.Array))
@@ -587,8 +601,13 @@ def _save_on_stop(directory: str, state: TrainState, start: int, settings: dict)
     except Exception:  # noqa: BLE001 - the step that made it failed on the device
         done = None
     if done is None:  # given (donated) to the step that failed, or never computed
-        return Stopped(start + 1, why_not="the state of the last step did not survive")
-    stopped = Stopped(done + 1)
+        return Stopped(failed, saved=saved,
+                       why_not="the state of the last step did not survive")
+    stopped = Stopped(done + 1, saved=saved)
+    # Held already: saved by `save_every`, also where the interrupt came as that save ended,
+    # before `train` took note of it (orbax would decline the step).
+    if done == saved or latest_step(directory) == done:
+        return dataclasses.replace(stopped, saved=done)
     if jax.process_count() > 1:
         return dataclasses.replace(stopped, why_not="a multi-process run saves only at its end")
     if done == start:
@@ -612,7 +631,7 @@ def train(model: ModelConfig, task: TaskConfig, steps: int, *, batch: int = 1,
           rollout: int = 1, memory: Optional[MemoryConfig] = None,
           parallel: Optional[ParallelConfig] = None, seed: int = 0,
           learning_rate: float = 1e-3, schedule_steps: int = DEFAULT_SCHEDULE_STEPS,
-          checkpoint_dir: Optional[str] = None,
+          checkpoint_dir: Optional[str] = None, save_every: Optional[int] = None,
           progress: Optional[Callable] = None, weather=None,
           init_params: Optional[dict] = None) -> TrainResult:
     """Trains `model` on synthetic weather for `steps` steps (or up to it, when resuming).
@@ -636,6 +655,10 @@ def train(model: ModelConfig, task: TaskConfig, steps: int, *, batch: int = 1,
         at the end, or, in a one-process run, after the last step that completed when a
         step fails or is interrupted (Ctrl-C). Orbax keeps the two newest checkpoints
         there. Nothing is made there before the first save.
+      save_every: with `checkpoint_dir`, also save the state after every step whose number
+        (counted from 1) is a multiple of it, so that a run killed outright (the OOM
+        killer, a preempted machine) loses fewer steps; None: no such saves. A resumed
+        run may change it.
       progress: wraps the range of steps (e.g. `tqdm.tqdm`); None: no wrapping.
       weather: where examples come from: an object with `normalization()` and
         `make_batch(batch, rollout, start)` (`gclab.weather.DatasetWeather` for real
@@ -651,9 +674,10 @@ def train(model: ModelConfig, task: TaskConfig, steps: int, *, batch: int = 1,
       ValueError: a batch that does not fit the layout, a layout with more devices than
         JAX has, `steps`, `schedule_steps`, `batch` or `rollout` < 1, `steps` beyond
         `schedule_steps`, `seed` < 0, `learning_rate` < 0, beyond float32's largest or
-        NaN, or `init_params` not the model's (each named before any work).
-      TypeError: `model`, `task`, `memory`, `parallel`, `weather` or `learning_rate` of the
-        wrong kind.
+        NaN, `save_every` < 1 or without `checkpoint_dir`, or `init_params` not the
+        model's (each named before any work).
+      TypeError: `model`, `task`, `memory`, `parallel`, `weather`, `learning_rate` or
+        `save_every` of the wrong kind.
       CheckpointDirError: `checkpoint_dir` holds number-named entries that are not orbax
         checkpoints (checked before any work: orbax would delete them).
       StepsReached: the latest checkpoint in `checkpoint_dir` is at step `steps` or past
@@ -663,15 +687,17 @@ def train(model: ModelConfig, task: TaskConfig, steps: int, *, batch: int = 1,
         with another of `RUN_SETTINGS` (`schedule_steps`, `learning_rate`, `batch`,
         `rollout`, synthetic or given `weather`, `seed` on synthetic weather, and the
         dataset and statistics of given weather, `weather_fingerprint`).
-      TrainingDiverged: a step's loss or gradient norm is not finite, or the final weights
-        are not (nothing is saved; `resumed` says whether a checkpoint was restored).
-      SaveError: the final checkpoint could not be saved.
+      TrainingDiverged: a step's loss or gradient norm is not finite, or the weights to
+        save are not (nothing more is saved; `resumed` says whether a checkpoint was
+        restored, `saved` the last step this run saved).
+      SaveError: a checkpoint (`save_every`'s or the final one) could not be saved: the run
+        stops there.
       Any error of a step (KeyboardInterrupt, a `DataError` or `OSError` reading the
         weather, ...) is re-raised as it came; with `checkpoint_dir`, after the state of
         the last completed step was saved there, and with a `Stopped` as its `stopped`.
     """
     _check_train_arguments(model, task, steps, memory, parallel, weather, schedule_steps,
-                           batch, rollout, seed, learning_rate)
+                           batch, rollout, seed, learning_rate, checkpoint_dir, save_every)
     if init_params is not None:
         check_init_params(init_params, model, task)
     steps = int(steps)
@@ -726,6 +752,7 @@ def train(model: ModelConfig, task: TaskConfig, steps: int, *, batch: int = 1,
     resumed = start if restored is not None else None
     losses, grad_norms = [], []
     wrap = progress or (lambda r: r)
+    k, saved = start, None  # the step running (0-based), the last step this run saved
     try:
         for k in wrap(range(start, steps)):
             example = weather.make_batch(batch, rollout, batch_start(k, batch))
@@ -738,21 +765,28 @@ def train(model: ModelConfig, task: TaskConfig, steps: int, *, batch: int = 1,
             # A non-finite gradient makes every weight NaN in this step's update: stop before
             # a later step or the save below spends time on them or keeps them.
             if not (math.isfinite(losses[-1]) and math.isfinite(grad_norms[-1])):
-                raise TrainingDiverged(k + 1, losses[-1], grad_norms[-1], resumed=resumed)
+                raise TrainingDiverged(k + 1, losses[-1], grad_norms[-1], resumed=resumed,
+                                       saved=saved)
+            if save_every is not None and (k + 1) % save_every == 0:
+                # Every process saves (orbax's save waits for them all), the final save's way.
+                if not _all_finite(state.params):  # as the final save below
+                    raise TrainingDiverged(k + 1, losses[-1], grad_norms[-1], weights=True,
+                                           resumed=resumed, saved=saved)
+                saved = save_state(checkpoint_dir, state, settings)
         # The last step's update comes after its loss: a finite loss and gradient with an
         # update too large for float32 leave NaN or infinite weights, not saved either.
-        if losses and not _all_finite(state.params):
+        if losses and saved != steps and not _all_finite(state.params):
             raise TrainingDiverged(steps, losses[-1], grad_norms[-1], weights=True,
-                                   resumed=resumed)
-    except TrainingDiverged:
+                                   resumed=resumed, saved=saved)
+    except (TrainingDiverged, SaveError, CheckpointDirError):  # nothing more to save
         raise
     except (KeyboardInterrupt, Exception) as e:  # a step that failed or was interrupted
         if checkpoint_dir is not None:
-            e.stopped = _save_on_stop(checkpoint_dir, state, start, settings)
+            e.stopped = _save_on_stop(checkpoint_dir, state, start, settings, k + 1, saved)
             done = (f"saved step {e.stopped.saved} to {checkpoint_dir}"
                     if e.stopped.saved is not None else f"nothing saved ({e.stopped.why_not})")
             e.add_note(f"gclab.training.train stopped at step {e.stopped.step}: {done}")
         raise
-    saved = (save_state(checkpoint_dir, state, settings) if checkpoint_dir is not None
-             else None)
+    if checkpoint_dir is not None and saved != steps:  # orbax declines a step it holds
+        saved = save_state(checkpoint_dir, state, settings)
     return TrainResult(losses, start, max(start, steps), grad_norms, saved, state)
