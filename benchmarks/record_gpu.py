@@ -163,10 +163,16 @@ def plan_in_fresh_process(spec_json: dict, usable: int, timeout: float = 900.0) 
     except subprocess.TimeoutExpired:
         raise PlanFailed(f"the plan took over {timeout:.0f} s") from None
     lines = [line[5:] for line in proc.stdout.splitlines() if line.startswith("PLAN ")]
-    if not lines:
-        last = (proc.stderr.strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
-        raise PlanFailed(f"the planning process printed no plan: {last[:300]}")
-    row = json.loads(lines[-1])
+    try:
+        row = json.loads(lines[-1]) if lines else None
+    except json.JSONDecodeError:
+        row = None
+    if not isinstance(row, dict):
+        code = proc.returncode
+        how = (f"was killed by signal {-code}" if code < 0 else f"exited with status {code}")
+        last = (proc.stderr.strip().splitlines() or ["(nothing on stderr)"])[-1]
+        raise PlanFailed(f"the planning process {how} and printed no plan; its last line: "
+                         f"{last[:300]}")
     if "error" in row:
         raise PlanFailed(row["error"])
     return row

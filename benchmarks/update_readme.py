@@ -148,7 +148,10 @@ def gpu_chapters_block() -> str:
                 step = f"{r['step_seconds']:.2f} s"
             else:
                 why = ("does not fit the card" if r.get("fits") is False else
-                       "not measured \\*" if r.get("fits") else "failed")
+                       f"failed on the card ({r['measure_status']})"
+                       if r.get("measure_status") in ("oom", "error") else
+                       "not measured \\*" if r.get("fits") and r.get("measure_message") else
+                       "not measured" if r.get("fits") else "failed")
                 peak, ratio, step = why, "", ""
             lines.append(f"| {r['chapter']} | {r['label']} | {plan} | {peak} | {ratio} | {step} |")
         unmeasured = [r["measure_message"] for r in record["rows"] if r.get("measure_message")]

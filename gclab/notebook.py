@@ -584,7 +584,8 @@ GPU_RECORDING_PARTS = {"01": "chapters-01-05-07", "03": "chapter-03", "05": "cha
 
 def gpu_record(chapter: str, scale: Scale, data_dir: Optional[Path] = None, *,
                other_scales: bool = False) -> Optional[dict]:
-    """A chapter's GPU recording (``benchmarks/record_gpu.py``) as recorded, or None.
+    """A chapter's GPU recording (``benchmarks/record_gpu.py``) as recorded, or None (also
+    where a recording holds no row of this chapter: a run cut short before it).
 
     Args:
       chapter: ``01`` .. ``08``.
@@ -605,8 +606,9 @@ def gpu_record(chapter: str, scale: Scale, data_dir: Optional[Path] = None, *,
                             if other_scales else [])
     for name in names:
         record = recorded(f"gpu-{name}-{part}", data_dir)
-        if record is not None:
-            rows = [r for r in record["rows"] if r["chapter"] == str(chapter).zfill(2)]
+        rows = [r for r in (record or {}).get("rows", [])
+                if r.get("chapter") == str(chapter).zfill(2)]
+        if rows:  # a run cut short before this chapter's rows counts as none
             return {**record, "scale": record.get("scale", name), "rows": rows}
     return None
 
@@ -649,6 +651,9 @@ def _on_the_card(row: Mapping) -> str:
     X)``), unless its measured run there failed (``measure_status`` ``oom`` or ``error``):
     then ``failed on the card (<status>)``, with the run's message where recorded."""
     status, measured = str(row.get("status", "")), row.get("measure_status")
+    if (row.get("fits") and not row.get("peak_bytes") and row.get("measure_message")
+            and measured not in ("oom", "error")):  # it fits, yet was not run: say why
+        return str(row["measure_message"]).strip().splitlines()[0].split("; measure from")[0]
     if measured not in ("oom", "error") or status.startswith("failed"):
         return status
     why = (str(row.get("measure_message") or "").strip().splitlines() or [""])[0][:200]

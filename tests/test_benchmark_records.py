@@ -625,3 +625,30 @@ def test_record_gpu_run_that_fails_on_the_card_is_not_recorded_as_running(benchm
     # Never started (or no peak reported): the plan's verdict stays, the reason is kept.
     assert rows[3]["status"] == "runs (plan 3.00 GiB)" and rows[3]["peak_bytes"] is None
     assert rows[3]["measure_message"] == "not measured: this process holds 47.52 GiB"
+
+
+def test_the_readme_gpu_table_says_how_each_row_ended(monkeypatch, tmp_path):
+    """A step that failed on the card is not 'not measured' (with a footnote about another
+    row); one not measured names why below the table."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import update_readme
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    folder = tmp_path / "gclab" / "recordings"
+    folder.mkdir(parents=True)
+    rows = [{"chapter": "05", "label": "oom", "plan_bytes": 2**30, "fits": True,
+             "measure_status": "oom", "status": "failed on the card (oom, plan 1.00 GiB): x"},
+            {"chapter": "05", "label": "held", "plan_bytes": 2**30, "fits": True,
+             "measure_status": "not measured", "measure_message": "not measured: this "
+             "process holds 9 GiB; measure from a fresh process"},
+            {"chapter": "05", "label": "big", "plan_bytes": 2**40, "fits": False}]
+    (folder / "gpu-80GB-p.json").write_text(json.dumps({
+        "hardware": {"device": "card", "jax": "0.11.2", "commit": "abc"},
+        "date": "2026-11-28T00:00:00+00:00", "scale": "80GB", "rows": rows}))
+    monkeypatch.setattr(update_readme, "ROOT", tmp_path)
+    block = update_readme.gpu_chapters_block()
+    assert "| 05 | oom | 1.00 GiB | failed on the card (oom) |  |  |" in block
+    assert "| 05 | held | 1.00 GiB | not measured \\* |  |  |" in block
+    assert "| 05 | big | 1024.00 GiB | does not fit the card |  |  |" in block
+    assert block.endswith("\\* not measured: this process holds 9 GiB.")

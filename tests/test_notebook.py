@@ -216,6 +216,36 @@ def test_a_gpu_recording_of_another_scale_is_shown_only_when_asked_and_named(tmp
     assert gpu_record("02", cpu, tmp_path, other_scales=True) is None  # no part records 02
 
 
+def test_a_cut_short_recording_without_this_chapter_gives_way_and_unmeasured_rows_say_why(
+        tmp_path):
+    """A 141GB run stopped after chapter 1's row holds nothing of chapter 5: the 80GB
+    recording is shown instead (an empty table had no columns, and the chapter's
+    `set_index` raised); a step that fits but was not run says why, not 'runs'."""
+    from gclab.notebook import gpu_recording
+
+    def write(scale, rows, complete):
+        record = {"hardware": {"device": f"card {scale}", "backend": "gpu", "jax": "0.11.2",
+                               "commit": "0123456789abcdef"},
+                  "date": "2026-11-28T01:54:13+00:00", "scale": scale, "rows": rows,
+                  "complete": complete}
+        (tmp_path / f"gpu-{scale}-chapters-01-05-07.json").write_text(json.dumps(record))
+
+    write("141GB", [{"chapter": "01", "label": "forward pass", "plan_bytes": 2**30,
+                     "fits": True, "status": "runs (plan 1.00 GiB)"}], False)
+    write("80GB", [{"chapter": "05", "label": "live model f32", "plan_bytes": 2**30,
+                    "fits": True, "status": "runs (plan 1.00 GiB)", "peak_bytes": None,
+                    "measure_status": "not measured",
+                    "measure_message": "not measured: this process holds 59.38 GiB of the "
+                    "gpu device's memory, leaving 19.79 GiB, too little for the plan "
+                    "(38.91 GiB); measure from a fresh process"}], True)
+    title, table = gpu_recording("05", SCALE_TABLE["cpu"], tmp_path, other_scales=True)
+    assert title.startswith("at scale 80GB, not this chapter's cpu: recorded on card 80GB")
+    assert table["on the card"][0] == ("not measured: this process holds 59.38 GiB of the gpu "
+                                       "device's memory, leaving 19.79 GiB, too little for the "
+                                       "plan (38.91 GiB)")
+    assert gpu_recording("05", SCALE_TABLE["141GB"], tmp_path) is None
+
+
 def test_compare_times_names_a_winner_only_beyond_the_spread():
     from gclab.notebook import compare_times, time_table
 

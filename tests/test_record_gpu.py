@@ -126,6 +126,25 @@ def test_plans_are_compiled_in_a_fresh_process():
         record_gpu.plan_in_fresh_process(bad, 2**40)
 
 
+@pytest.mark.parametrize("code, stdout, stderr, words", [
+    (-9, "", "W0000 autotuner: some warning\n", "was killed by signal 9 and printed no plan; "
+     "its last line: W0000 autotuner: some warning"),
+    (0, "PLAN {not json\n", "", "exited with status 0 and printed no plan; its last line: "
+     "(nothing on stderr)"),
+    (134, "", "", "exited with status 134 and printed no plan"),
+])
+def test_a_planning_process_that_dies_is_one_line_with_how(monkeypatch, code, stdout, stderr,
+                                                           words):
+    """Its exit status or signal is kept even where it wrote to stderr, and a line that is
+    no plan is a PlanFailed like the rest (a JSONDecodeError escaped before)."""
+    record_gpu = _record_gpu()
+    monkeypatch.setattr(record_gpu.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(
+        a[0], code, stdout, stderr))
+    with pytest.raises(record_gpu.PlanFailed) as e:
+        record_gpu.plan_in_fresh_process({}, 2**30)
+    assert str(e.value).startswith(f"the planning process {words}")
+
+
 def test_a_plan_that_fails_is_one_row_and_the_next_configuration_runs():
     record_gpu = _record_gpu()
     from gclab.notebook import scale_named
