@@ -47,6 +47,8 @@ from pathlib import Path  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from record_gpu import XLA_REMAT  # noqa: E402 - XLA's report of its remat pass, one pattern
+
 STAGES = ("claim", "claim-live", "recipes-f32", "recipes-bf16", "layer-norm", "step-time")
 PRESETS = ("graphcast-small", "graphcast")
 
@@ -64,10 +66,6 @@ def parse_stages(text: str) -> list:
     return names
 
 
-# XLA's warning when its rematerialization pass cannot bring a program under its limit.
-XLA_REMAT = re.compile(r"hlo_rematerialization\.cc.*Can't reduce memory use below .*?\((\d+) "
-                       r"bytes\).*only reduced to .*?\((\d+) bytes\), down from .*?\((\d+) "
-                       r"bytes\)")
 ROW = re.compile(r"^(\S+)\s+(f32|bf16)\s+(\S+)\s+temp\s")
 
 

@@ -34,12 +34,17 @@ import argparse  # noqa: E402
 import dataclasses  # noqa: E402
 import datetime  # noqa: E402
 import json  # noqa: E402
+import re  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Callable, Optional  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
+# XLA's warning when its rematerialization pass cannot bring a program under its limit.
+XLA_REMAT = re.compile(r"hlo_rematerialization\.cc.*Can't reduce memory use below .*?\((\d+) "
+                       r"bytes\).*only reduced to .*?\((\d+) bytes\), down from .*?\((\d+) "
+                       r"bytes\)")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,6 +148,35 @@ print("PLAN " + json.dumps(row))
 """
 
 
+def xla_remat(log: str) -> Optional[dict]:
+    """XLA:GPU's report, in a compile's output, that its rematerialization pass shrank the
+    program towards the card's limit and could not reach it: ``limit_bytes``,
+    ``reduced_to_bytes``, ``from_bytes`` (the last report), or None. Such a plan is what
+    the pass reached, not the recipe's own."""
+    found = [m.groups() for m in map(XLA_REMAT.search, log.splitlines()) if m]
+    if not found:
+        return None
+    limit, reached, start = map(int, found[-1])
+    return {"limit_bytes": limit, "reduced_to_bytes": reached, "from_bytes": start}
+
+
+def mark_xla_remat(recording: dict, log: str) -> int:
+    """Marks the rows of a recording made before plans were compiled in a fresh process:
+    each report of XLA's rematerialization pass in the run's printed output (`log`) belongs
+    to the next row printed (``  <label>: <status>``). Returns how many rows were marked."""
+    labels = {row["label"]: row for row in recording["rows"]}
+    pending, marked = [], 0
+    for line in log.splitlines():
+        if xla_remat(line):
+            pending.append(xla_remat(line))
+            continue
+        label = line.strip().split(": ", 1)[0]
+        if line.startswith("  ") and label in labels and pending:
+            labels[label]["xla_remat"] = pending[-1]
+            pending, marked = [], marked + 1
+    return marked
+
+
 def plan_in_fresh_process(spec_json: dict, usable: int, timeout: float = 900.0) -> dict:
     """`plan_row` run in a fresh Python process, so that what XLA's autotuning takes of
     JAX's pool while compiling stays out of this one (see the module's docstring).
@@ -175,7 +209,8 @@ def plan_in_fresh_process(spec_json: dict, usable: int, timeout: float = 900.0) 
                          f"{last[:300]}")
     if "error" in row:
         raise PlanFailed(row["error"])
-    return row
+    shrunk = xla_remat(proc.stderr)
+    return {**row, "xla_remat": shrunk} if shrunk else row
 
 
 def record_part(part: Part, scale, dry_run: bool, repeats: int = 3,
@@ -247,10 +282,18 @@ def main(argv: Optional[list] = None) -> int:
     parser.add_argument("--part", help=f"the part to record: 1 to {len(PARTS)}")
     parser.add_argument("--dry-run", action="store_true",
                         help="list what the part would run; nothing runs on the device")
+    parser.add_argument("--report", type=Path, metavar="RECORDING.json",
+                        help="with --log: mark the rows of RECORDING.json whose plan XLA's "
+                        "rematerialization pass shrank, from the run's printed output; no "
+                        "device work")
+    parser.add_argument("--log", type=Path, metavar="RUN.log",
+                        help="the printed output of the run that wrote --report's recording")
     parser.add_argument("--out", type=Path, default=None,
                         help="folder of the recordings (default: $GCLAB_RECORDINGS, else "
                              "the repository's gclab-recordings, where the chapters look)")
     args = parser.parse_args(argv)
+    if args.report is not None or args.log is not None:
+        return report(args.report, args.log)
     part = None
     if args.part is not None:
         if not args.part.isdigit() or not 1 <= int(args.part) <= len(PARTS):
@@ -297,6 +340,28 @@ def main(argv: Optional[list] = None) -> int:
 
     save(record_part(part, scale, dry_run=False, save=save), complete=True)
     print(f"wrote {path}")
+    return 0
+
+
+def report(recording_path: Optional[Path], log_path: Optional[Path]) -> int:
+    """``--report RECORDING --log LOG``: marks the recording's rows from the run's output."""
+    if recording_path is None or log_path is None:
+        return fail("--report and --log go together: the recording and its run's output")
+    try:
+        recording = json.loads(recording_path.read_text())
+        log = log_path.read_text()
+    except OSError as e:
+        return fail(f"cannot read {e.filename}: {e.strerror}")
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        return fail(f"--report {recording_path} or --log {log_path}: not text of a recording "
+                    f"and a run's output ({type(e).__name__})")
+    if not isinstance(recording, dict) or not isinstance(recording.get("rows"), list):
+        return fail(f"--report {recording_path}: not a recording of this script (no rows)")
+    marked = mark_xla_remat(recording, log)
+    from gclab.files import write_text_atomic
+
+    write_text_atomic(recording_path, json.dumps(recording, indent=1, default=str))
+    print(f"{recording_path}: {marked} row(s) marked as shrunk by XLA's rematerialization pass")
     return 0
 
 

@@ -143,6 +143,8 @@ def gpu_chapters_block() -> str:
                   "|---|---|---:|---:|---:|---:|"]
         for r in record["rows"]:
             plan = _gib(r["plan_bytes"]) if r.get("plan_bytes") else "n/a"
+            if r.get("xla_remat"):  # what XLA's own pass reached, not the recipe's plan
+                plan += " †"
             if r.get("peak_bytes"):
                 peak, ratio = _gib(r["peak_bytes"]), f"{r['measured_over_plan']:.3f}"
                 step = f"{r['step_seconds']:.2f} s"
@@ -154,6 +156,12 @@ def gpu_chapters_block() -> str:
                        "not measured" if r.get("fits") else "failed")
                 peak, ratio, step = why, "", ""
             lines.append(f"| {r['chapter']} | {r['label']} | {plan} | {peak} | {ratio} | {step} |")
+        shrunk = [r for r in record["rows"] if r.get("xla_remat")]
+        if shrunk:
+            lines += ["", "† XLA:GPU's own rematerialization pass shrank this plan while "
+                      "compiling, towards its limit on the card, which it could not reach: "
+                      + "; ".join(f"{r['label']} from {_gib(r['xla_remat']['from_bytes'])}"
+                                  for r in shrunk) + "."]
         unmeasured = [r["measure_message"] for r in record["rows"] if r.get("measure_message")]
         if unmeasured:  # the run's own reason, as the chapters show it
             lines += ["", f"\\* {unmeasured[0].split('; measure from')[0]}."]

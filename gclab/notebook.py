@@ -654,6 +654,10 @@ def _on_the_card(row: Mapping) -> str:
     if (row.get("fits") and not row.get("peak_bytes") and row.get("measure_message")
             and measured not in ("oom", "error")):  # it fits, yet was not run: say why
         return str(row["measure_message"]).strip().splitlines()[0].split("; measure from")[0]
+    shrunk = row.get("xla_remat")
+    if shrunk and not status.startswith("failed"):  # the plan is what XLA's pass reached
+        status += (f" (XLA:GPU's remat pass shrank it from {_format(shrunk.get('from_bytes'))} "
+                   "while compiling, short of the card)")
     if measured not in ("oom", "error") or status.startswith("failed"):
         return status
     why = (str(row.get("measure_message") or "").strip().splitlines() or [""])[0][:200]

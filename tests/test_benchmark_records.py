@@ -642,7 +642,9 @@ def test_the_readme_gpu_table_says_how_each_row_ended(monkeypatch, tmp_path):
             {"chapter": "05", "label": "held", "plan_bytes": 2**30, "fits": True,
              "measure_status": "not measured", "measure_message": "not measured: this "
              "process holds 9 GiB; measure from a fresh process"},
-            {"chapter": "05", "label": "big", "plan_bytes": 2**40, "fits": False}]
+            {"chapter": "05", "label": "big", "plan_bytes": 2**40, "fits": False,
+             "xla_remat": {"from_bytes": 2**41, "limit_bytes": 2**30,
+                           "reduced_to_bytes": 2**40}}]
     (folder / "gpu-80GB-p.json").write_text(json.dumps({
         "hardware": {"device": "card", "jax": "0.11.2", "commit": "abc"},
         "date": "2026-11-28T00:00:00+00:00", "scale": "80GB", "rows": rows}))
@@ -650,5 +652,7 @@ def test_the_readme_gpu_table_says_how_each_row_ended(monkeypatch, tmp_path):
     block = update_readme.gpu_chapters_block()
     assert "| 05 | oom | 1.00 GiB | failed on the card (oom) |  |  |" in block
     assert "| 05 | held | 1.00 GiB | not measured \\* |  |  |" in block
-    assert "| 05 | big | 1024.00 GiB | does not fit the card |  |  |" in block
+    assert "| 05 | big | 1024.00 GiB † | does not fit the card |  |  |" in block
+    assert ("† XLA:GPU's own rematerialization pass shrank this plan while compiling, towards "
+            "its limit on the card, which it could not reach: big from 2048.00 GiB.") in block
     assert block.endswith("\\* not measured: this process holds 9 GiB.")

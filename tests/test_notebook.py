@@ -246,6 +246,23 @@ def test_a_cut_short_recording_without_this_chapter_gives_way_and_unmeasured_row
     assert gpu_recording("05", SCALE_TABLE["141GB"], tmp_path) is None
 
 
+def test_a_recorded_plan_xla_shrank_says_so(tmp_path):
+    from gclab.notebook import gpu_recording
+
+    record = {"hardware": {"device": "card", "backend": "gpu", "jax": "0.11.2",
+                           "commit": "0123456789abcdef"},
+              "date": "2026-11-28T01:54:13+00:00", "scale": "80GB",
+              "rows": [{"chapter": "03", "label": "none", "plan_bytes": 236 * 2**30,
+                        "fits": False, "status": "needs 236.00 GiB, does not fit this card",
+                        "xla_remat": {"from_bytes": 256 * 2**30, "limit_bytes": 55 * 2**30,
+                                      "reduced_to_bytes": 235 * 2**30}}]}
+    (tmp_path / "gpu-80GB-chapter-03.json").write_text(json.dumps(record))
+    _, table = gpu_recording("03", SCALE_TABLE["80GB"], tmp_path)
+    assert table["on the card"][0] == (
+        "needs 236.00 GiB, does not fit this card (XLA:GPU's remat pass shrank it from "
+        "256.00 GiB while compiling, short of the card)")
+
+
 def test_compare_times_names_a_winner_only_beyond_the_spread():
     from gclab.notebook import compare_times, time_table
 

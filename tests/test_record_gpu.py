@@ -1,5 +1,6 @@
 """`benchmarks/record_gpu.py`: lists its parts anywhere, refuses to record without a GPU."""
 
+import json
 import os
 import subprocess
 import sys
@@ -179,3 +180,48 @@ def test_an_incomplete_recording_says_so(tmp_path):
     title, table = gpu_recording("05", scale_named("141GB"), tmp_path)
     assert title.endswith("(incomplete: the run stopped before its last configuration)")
     assert table["plan"][0] == "n/a" and table["on the card"][0].startswith("failed")
+
+
+REMAT_LINE = ("W1128 01:54:59.535602    5344 hlo_rematerialization.cc:3363] Can't reduce memory "
+              "use below 54.96GiB (59009983165 bytes) by rematerialization; only reduced to "
+              "235.12GiB (252461825832 bytes), down from 256.33GiB (275232756140 bytes) "
+              "originally")
+SHRUNK = {"limit_bytes": 59009983165, "reduced_to_bytes": 252461825832,
+          "from_bytes": 275232756140}
+
+
+def test_a_plan_xla_shrank_on_the_card_is_marked(monkeypatch):
+    """On the H100, XLA:GPU's own remat pass shrank the 0.25 deg `none` plan from 256 to
+    235 GiB while compiling: that figure is the pass's, not the recipe's, and the row says
+    so (from the planning process's output)."""
+    record_gpu = _record_gpu()
+    row = {"plan_bytes": 5, "temp_bytes": 1, "fits": False, "status": "no fit"}
+    for stderr, shrunk in ((REMAT_LINE + "\n", SHRUNK), ("W0000 other warning\n", None)):
+        monkeypatch.setattr(record_gpu.subprocess, "run",
+                            lambda *a, **k: subprocess.CompletedProcess(
+                                a[0], 0, "PLAN " + json.dumps(row) + "\n", stderr))
+        assert record_gpu.plan_in_fresh_process({}, 2**30).get("xla_remat") == shrunk
+
+
+def test_report_marks_the_rows_of_a_run_from_its_output(tmp_path):
+    """`--report RECORDING --log LOG` marks each row whose printed line follows XLA's report
+    (a recording made while plans were compiled in the recording process), and says how
+    many; bad arguments are one line."""
+    recording = {"rows": [{"label": "none"}, {"label": "step"}, {"label": "lean"}]}
+    (tmp_path / "r.json").write_text(json.dumps(recording))
+    (tmp_path / "run.log").write_text(
+        f"{REMAT_LINE}\n  none: needs 236.70 GiB, does not fit this card\n"
+        "  step: needs 105.06 GiB, does not fit this card\n  lean: runs (plan 11.77 GiB)\n")
+    r = _run("--report", str(tmp_path / "r.json"), "--log", str(tmp_path / "run.log"))
+    assert r.returncode == 0, r.stderr
+    assert "1 row(s) marked" in r.stdout
+    rows = json.loads((tmp_path / "r.json").read_text())["rows"]
+    assert [row.get("xla_remat") for row in rows] == [SHRUNK, None, None]
+    r = _run("--report", str(tmp_path / "r.json"))
+    assert r.returncode == 2 and r.stderr.strip() == (
+        "record_gpu.py: error: --report and --log go together: the recording and its run's "
+        "output")
+    r = _run("--report", str(tmp_path / "missing.json"), "--log", str(tmp_path / "run.log"))
+    assert r.returncode == 2 and r.stderr.strip() == (
+        f"record_gpu.py: error: cannot read {tmp_path / 'missing.json'}: No such file or "
+        "directory")
