@@ -198,8 +198,8 @@ def test_a_plan_xla_shrank_on_the_card_is_marked(monkeypatch):
     row = {"plan_bytes": 5, "temp_bytes": 1, "fits": False, "status": "no fit"}
     for stderr, shrunk in ((REMAT_LINE + "\n", SHRUNK), ("W0000 other warning\n", None)):
         monkeypatch.setattr(record_gpu.subprocess, "run",
-                            lambda *a, **k: subprocess.CompletedProcess(
-                                a[0], 0, "PLAN " + json.dumps(row) + "\n", stderr))
+                            lambda *a, err=stderr, **k: subprocess.CompletedProcess(
+                                a[0], 0, "PLAN " + json.dumps(row) + "\n", err))
         assert record_gpu.plan_in_fresh_process({}, 2**30).get("xla_remat") == shrunk
 
 
