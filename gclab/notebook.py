@@ -714,15 +714,26 @@ def claim_figures(record: Optional[dict]) -> dict:
     peak of `deepmind` in bfloat16 at 0.25 deg) and, where the run was measured,
     ``claim_live``. Keys: ``device``, ``deepmind_total``, ``haiku_total``,
     ``streamed_total``, ``lean_total``, ``peak``, ``peak_f32`` (its float32 share),
-    ``grid_buffers``, ``grid_bytes``, ``live_peak``, ``live_ratio``, ``live_step``. A
-    figure the recording does not hold (or no recording) reads ``n/a``, a number NaN.
+    ``grid_buffers``, ``grid_bytes``, ``live_peak``, ``live_ratio``, ``live_step``, and
+    the verdicts ``deepmind_fits`` and ``streamed_fits`` (``within 32 GiB`` or ``over 32
+    GiB``, from the recorded ``fits_tpu_v4``) and ``peak_stage`` (where the peak falls,
+    e.g. ``backward: processor``). A figure the recording does not hold (or no recording)
+    reads ``n/a``, a number NaN.
     """
     claim = (record or {}).get("authors_claim")
     live = (record or {}).get("claim_live") or {}
     nan, na = float("nan"), "n/a"
     totals = ({r["step"]: _format(r["total_bytes"]) for r in claim["rows"]} if claim else {})
+    fits = {r["step"]: r.get("fits_tpu_v4") for r in claim["rows"]} if claim else {}
+
+    def verdict(step: str) -> str:
+        return {True: "within 32 GiB", False: "over 32 GiB"}.get(fits.get(step), na)
+
     peak = claim["peak"] if claim else None
     return {
+        "deepmind_fits": verdict("deepmind"),
+        "streamed_fits": verdict("stream-grid-nodes"),
+        "peak_stage": str(peak.get("stage") or na) if peak else na,
         "device": record["hardware"]["device"] if record else na,
         "deepmind_total": totals.get("deepmind", na),
         "haiku_total": totals.get("haiku-layer-norm", na),

@@ -400,11 +400,13 @@ def test_claim_figures_paste_a_recording_and_say_n_a_without_one():
     from gclab.notebook import claim_figures
 
     record = {"hardware": {"device": "NVIDIA H200"},
-              "authors_claim": {"rows": [{"step": "deepmind", "total_bytes": 3 * 2**30},
+              "authors_claim": {"rows": [{"step": "deepmind", "total_bytes": 3 * 2**30,
+                                          "fits_tpu_v4": False},
                                          {"step": "lean", "total_bytes": 2**30}],
                                 "peak": {"peak_bytes": 4 * 2**30, "float32_bytes": 2**30,
                                          "grid_sized_buffers": 3,
-                                         "grid_sized_bytes": 2 * 2**30}},
+                                         "grid_sized_bytes": 2 * 2**30,
+                                         "stage": "backward: decoder"}},
               "claim_live": {"peak_bytes": 5 * 2**30, "measured_over_plan": 1.25,
                              "step_seconds": 0.5}}
     got = claim_figures(record)
@@ -412,7 +414,8 @@ def test_claim_figures_paste_a_recording_and_say_n_a_without_one():
                    "haiku_total": "n/a", "streamed_total": "n/a", "lean_total": "1.00 GiB",
                    "peak": "4.00 GiB", "peak_f32": "25%", "grid_buffers": 3,
                    "grid_bytes": "2.00 GiB", "live_peak": "5.00 GiB", "live_ratio": 1.25,
-                   "live_step": 0.5}
+                   "live_step": 0.5, "deepmind_fits": "over 32 GiB", "streamed_fits": "n/a",
+                   "peak_stage": "backward: decoder"}
     empty = claim_figures(None)
     assert set(empty) == set(got) and empty["deepmind_total"] == "n/a"
     assert math.isnan(empty["grid_buffers"]) and math.isnan(empty["live_step"])
