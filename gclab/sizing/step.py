@@ -38,10 +38,12 @@ from gclab.devices import usable_bytes
 from gclab.geometry.graphs import Graphs, graphs_for
 from gclab.limits import MAX_PLANNED_BYTES, host_memory_bytes, require_fits
 from gclab.measure.compiled import (
+    GPU_PLATFORMS,
     CompiledMemory,
     compile_timed,
     memory_of_compiled,
     plan_only_options,
+    plans_for_another_card,
 )
 from gclab.measure.timeline import compile_with_timeline
 from gclab.memory.config import MemoryConfig, recipe_name
@@ -270,7 +272,10 @@ def compile_train_step(spec: StepSpec, graphs: Optional[Graphs] = None, *,
         return a runnable step; the memory figures are the same as from shapes.
       seed: seed of the random state and batch when `live`.
       run_if: with `live`, a test of the compiled memory: when it returns False, nothing
-        is allocated and the returned step has no `run` (a plan that does not fit).
+        is allocated and the returned step has no `run` (a plan that does not fit). On a
+        GPU such a guarded compile leaves XLA's rematerialization pass out, so that the
+        plan of a step too large for the card is its own, not what that pass reached (a
+        step that fits is the same program either way).
       devices: the devices of a layout's mesh (default `jax.devices()`), or for one device
         the first of them, whose backend compiles it; e.g. a machine with one GPU plans a
         layout of 8, and the one-device step it is compared with, on its simulated CPU
@@ -300,8 +305,18 @@ def compile_train_step(spec: StepSpec, graphs: Optional[Graphs] = None, *,
     # gets the CPU's), not of the default backend.
     target = (mesh.devices.flat[0] if mesh is not None
               else list(devices)[0] if devices is not None else None)
-    options = None if live else plan_only_options(
-        platform=None if target is None else target.platform)
+    platform = None if target is None else target.platform
+    if live and run_if is not None:
+        # A guarded step runs only where its plan fits, so XLA:GPU's rematerialization pass,
+        # which shrinks a program above the card's limit towards it, could only make the plan
+        # of a step that is refused anyway the pass's figure instead of the step's own: it is
+        # left out (as for a plan for another card); on a CPU the compile keeps its defaults.
+        with plans_for_another_card(True):
+            options = plan_only_options(platform=platform)
+        if (platform or jax.default_backend()).lower() not in GPU_PLATFORMS:
+            options = None
+    else:
+        options = None if live else plan_only_options(platform=platform)
     lines = None
     with contextlib.ExitStack() as stack:
         if mesh is not None:
