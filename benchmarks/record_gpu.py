@@ -124,14 +124,14 @@ class PlanFailed(Exception):
 
 def plan_row(spec_json: dict, usable: int) -> dict:
     """A configuration's plan and verdict, compiled in this process: ``plan_bytes``,
-    ``temp_bytes``, ``fits`` and ``status`` (`gclab.notebook.run_if_fits`)."""
+    ``temp_bytes``, ``fits`` and ``status``, as the chapters compile them
+    (`gclab.notebook.run_if_fits`: one guarded compile, whose plan on a GPU is the step's
+    own, XLA's rematerialization pass left out)."""
     from gclab.notebook import run_if_fits
-    from gclab.sizing import StepSpec, train_step_memory
+    from gclab.sizing import StepSpec
 
-    spec = StepSpec.from_json(spec_json)
-    plan = train_step_memory(spec)
-    run = run_if_fits(spec, usable=usable, measure=False)
-    return {"plan_bytes": plan.total_bytes, "temp_bytes": plan.temp_bytes, "fits": run.fits,
+    run = run_if_fits(StepSpec.from_json(spec_json), usable=usable, measure=False)
+    return {"plan_bytes": run.plan_bytes, "temp_bytes": run.temp_bytes, "fits": run.fits,
             "status": run.status()}
 
 

@@ -595,7 +595,7 @@ def test_record_gpu_run_that_fails_on_the_card_is_not_recorded_as_running(benchm
     from gclab.measure.peak import PeakResult
 
     class Run:
-        fits = True
+        fits, plan_bytes, temp_bytes = True, 3 * 2**30, 2**30
 
         def status(self):
             return "runs (plan 3.00 GiB)"
@@ -607,8 +607,6 @@ def test_record_gpu_run_that_fails_on_the_card_is_not_recorded_as_running(benchm
                                 result={"step_seconds": 0.5}),
                      PeakResult("not measured", "not measured: this process holds 47.52 GiB",
                                 backend="gpu")])
-    monkeypatch.setattr(gclab.sizing, "train_step_memory", lambda spec: types.SimpleNamespace(
-        total_bytes=3 * 2**30, temp_bytes=2**30))
     monkeypatch.setattr(gclab.notebook, "run_if_fits", lambda *a, **k: Run())
     monkeypatch.setattr(gclab.notebook, "usable_here", lambda: 60 * 2**30)
     monkeypatch.setattr(gclab.measure, "measure_peak", lambda *a, **k: next(outcomes))

@@ -68,22 +68,18 @@ def test_a_configuration_that_fails_is_recorded_and_each_row_is_saved_as_it_ends
     finally:
         sys.path.remove(str(SCRIPT.parent))
 
-    class Plan:
-        total_bytes, temp_bytes = 3 * 2**30, 2 * 2**30
-
     class Run:
-        fits = False
+        fits, plan_bytes, temp_bytes = False, 3 * 2**30, 2 * 2**30
 
         def status(self):
             return "needs 3.00 GiB, does not fit this card"
 
-    def plan(spec):
+    def run_if_fits(spec, **kwargs):
         if spec.memory.precision == "bf16":
             raise TypeError("No constant handler for type: <DynamicJaxprTracer>\nmore lines")
-        return Plan()
+        return Run()
 
-    monkeypatch.setattr(gclab.sizing, "train_step_memory", plan)
-    monkeypatch.setattr(gclab.notebook, "run_if_fits", lambda *a, **k: Run())
+    monkeypatch.setattr(gclab.notebook, "run_if_fits", run_if_fits)
     saved = []
     scale = gclab.notebook.scale_named("80GB")
     recording = record_gpu.record_part(record_gpu.PARTS[1], scale, dry_run=False,
@@ -95,7 +91,7 @@ def test_a_configuration_that_fails_is_recorded_and_each_row_is_saved_as_it_ends
     assert failed and len(failed) < len(rows)
     assert all(r["status"] == "failed: TypeError: No constant handler for type: "
                "<DynamicJaxprTracer>" and r["fits"] is None for r in failed)
-    assert all(r["plan_bytes"] == Plan.total_bytes for r in rows if r not in failed)
+    assert all(r["plan_bytes"] == Run.plan_bytes for r in rows if r not in failed)
 
 
 def _record_gpu():
