@@ -17,6 +17,7 @@ recording (hardware, date, jax version, gclab commit inside) into
     python benchmarks/record_gpu.py --part 1            # one part (on a GPU)
     python benchmarks/record_gpu.py --part 1 --dry-run  # what part 1 would run, no device work
     GCLAB_SCALE=80GB python benchmarks/record_gpu.py --list  # the parts of another scale
+    python benchmarks/record_gpu.py --report REC.json --log RUN.log  # mark XLA-shrunk plans
 
 On a machine without a GPU it refuses to record (one line, exit status 2): CPU figures are
 recorded by `memory_recipes.py`. On the same card, ``python benchmarks/planner_calibration.py
