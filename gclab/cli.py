@@ -23,6 +23,7 @@ with status 1; Ctrl-C with status 130.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import errno
 import functools
@@ -992,6 +993,35 @@ def _check_device_count(args, layout: ParallelConfig, processes: int) -> None:
                      f"backend runs no more), not {per_process}{over}")
 
 
+@contextlib.contextmanager
+def _stdout_for_json_only(json_output: bool):
+    """With `json_output`, what native libraries write to file descriptor 1 goes to stderr
+    (Gloo, which joins the processes of a multi-process run on CPUs, prints a line there),
+    while Python's `print` still writes to the real stdout: the JSON stays parseable.
+
+    Only where `sys.stdout` is file descriptor 1 itself (not a capture or a pipe object of
+    another kind); otherwise nothing changes.
+    """
+    try:
+        own = json_output and sys.stdout.fileno() == 1
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is both
+        own = False
+    if not own:
+        yield
+        return
+    sys.stdout.flush()
+    real = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    previous, sys.stdout = sys.stdout, real
+    try:
+        yield
+    finally:
+        real.flush()
+        os.dup2(real.fileno(), 1)
+        sys.stdout = previous
+        real.close()
+
+
 def start_devices(args) -> None:
     """Sets up the devices a layout needs, before JAX starts its backends.
 
@@ -1053,9 +1083,13 @@ def _train_sources(args):
         except DataError as e:
             raise UsageError(f"--data/--stats: {e}") from None
         if weather.windows(args.rollout) < 1:
-            raise UsageError(f"--rollout {args.rollout}: the dataset has "
-                             f"{args.data.sizes['time']} time steps, a rollout of "
-                             f"{args.rollout} needs {args.rollout + 2}")
+            frames = args.data.sizes["time"]
+            if frames < 3:  # too short for any rollout: the file, not the option
+                raise UsageError(f"--data {_shown(str(args.data_path))}: {frames} time "
+                                 f"step{'s' if frames != 1 else ''}; training needs at least "
+                                 "3 (2 input frames and a target)")
+            raise UsageError(f"--rollout {args.rollout}: the dataset has {frames} time steps, "
+                             f"a rollout of {args.rollout} needs {args.rollout + 2}")
     params = None if ckpt is None else params_to_gclab_channels(ckpt.params, task,
                                                                  model.hidden_layers)
     return model, task, weather, params
@@ -1235,6 +1269,8 @@ def cmd_train(args) -> int:
                 f"the loss is {e.loss:g} at step {e.step} (gradient norm {e.grad_norm:g})")
         print(f"gclab train: error: {what}: training diverged and {nothing} was saved{kept}; "
               f"try a lower --learning-rate (now {args.learning_rate:g})"
+              # A resume must keep the rate: a lower one starts in another folder.
+              + (" with another --checkpoint-dir" if args.checkpoint_dir is not None else "")
               + (", or check --data for missing values" if args.data is not None else ""),
               file=sys.stderr)
         return 1
@@ -1295,6 +1331,11 @@ def cmd_forecast(args) -> int:
         normalization_from_stats(args.stats, task)
     except DataError as e:
         raise UsageError(f"--data/--stats: {e}") from None
+    if ds.sizes["time"] < 3:  # too short for any forecast: the file, not the option
+        frames = ds.sizes["time"]
+        raise UsageError(f"--data {_shown(str(args.data_path))}: {frames} time "
+                         f"step{'s' if frames != 1 else ''}; a forecast needs at least 3 (2 "
+                         "input frames and the forcings of one step)")
     if ds.sizes["time"] < args.forecast_steps + 2:
         raise UsageError(f"--forecast-steps {args.forecast_steps}: at most "
                          f"{ds.sizes['time'] - 2} (the dataset has {ds.sizes['time']} time "
@@ -1329,7 +1370,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("graph", help="node and edge counts of a grid and multimesh")
     _add_model_args(p, network=False)
     p.add_argument("--json", action="store_true", help="print JSON")
-    p.add_argument("--save", type=_output_file(), metavar="FILE.npz",
+    p.add_argument("--save", type=_output_file((".npz",)), metavar="FILE.npz",
                    help="write the three graphs (senders, receivers) and static features")
     p.set_defaults(func=cmd_graph)
 
@@ -1528,11 +1569,12 @@ def _main(parser: argparse.ArgumentParser, argv: Optional[Sequence[str]]) -> int
     # The parsed command names the run's warnings (`main` restores the hook at the end).
     warnings.showwarning = _one_line_warnings(args.command)
     try:
-        if hasattr(args, "devices"):  # before JAX starts: simulated devices, processes
-            start_devices(args)
-        if args.command != "graph":  # every other command runs JAX
-            _check_backend()
-        return args.func(args)
+        with _stdout_for_json_only(getattr(args, "json", False)):
+            if hasattr(args, "devices"):  # before JAX starts: simulated devices, processes
+                start_devices(args)
+            if args.command != "graph":  # every other command runs JAX
+                _check_backend()
+            return args.func(args)
     except ValueError as e:  # UsageError, config/fixture errors, TooLarge: one line
         print(f"{prefix} {e}", file=sys.stderr)
         return 2
@@ -1545,6 +1587,14 @@ def _main(parser: argparse.ArgumentParser, argv: Optional[Sequence[str]]) -> int
         return 1
     except MemoryError:
         print(f"{prefix} out of memory", file=sys.stderr)
+        return 1
+    except jax.errors.JaxRuntimeError as e:
+        first = (str(e).strip().splitlines() or [""])[0]
+        if "RESOURCE_EXHAUSTED" not in first:  # an XLA failure that is no size: as it came
+            raise
+        # The step, or the state it was given, does not fit the device: the sizes, not a bug.
+        print(f"{prefix} out of device memory ({first[:200]}); `gclab memory` gives what "
+              "this step needs, `gclab plan` a recipe or layout that fits", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(f"gclab {args.command}: interrupted", file=sys.stderr)

@@ -124,3 +124,78 @@ def test_weights_an_update_makes_infinite_are_not_saved(tmp_path, capsys):
                           "(loss "), err
     assert "training diverged and nothing was saved" in err, err
     assert not weights.exists() and not (ckpt.exists() and any(ckpt.iterdir()))
+
+
+def test_a_step_the_device_cannot_hold_is_one_line(monkeypatch, capsys):
+    """`gclab train` far too large for the machine ran out of device memory with a
+    traceback of XLA's RESOURCE_EXHAUSTED: now one line naming the commands that size a
+    step, exit 1; another XLA failure still comes as it came."""
+    import jax
+
+    def out_of_memory(*args, **kwargs):
+        raise jax.errors.JaxRuntimeError(
+            "RESOURCE_EXHAUSTED: Out of memory allocating 40000000000 bytes.\nmore")
+
+    monkeypatch.setattr(cli, "train", out_of_memory)
+    argv = ["train", "--resolution", "30", "--mesh-splits", "1", "--latent", "8", "--steps",
+            "1", "--train-steps", "1"]
+    assert cli.main(argv) == 1
+    assert capsys.readouterr().err == (
+        "gclab train: error: out of device memory (RESOURCE_EXHAUSTED: Out of memory "
+        "allocating 40000000000 bytes.); `gclab memory` gives what this step needs, `gclab "
+        "plan` a recipe or layout that fits\n")
+
+    def broken(*args, **kwargs):
+        raise jax.errors.JaxRuntimeError("INTERNAL: something else")
+
+    monkeypatch.setattr(cli, "train", broken)
+    with pytest.raises(jax.errors.JaxRuntimeError, match="INTERNAL"):
+        cli.main(argv)
+
+
+def test_graph_save_refuses_a_name_that_is_no_npz(tmp_path, capsys):
+    """`--save g` replaced a file `g` (a script, say) with a zip archive."""
+    kept = tmp_path / "g"
+    kept.write_text("print('mine')\n")
+    assert cli.main(["graph", "--preset", "cpu-4x32", "--save", str(kept)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--save" in err and ".npz" in err, err
+    assert kept.read_text() == "print('mine')\n"
+
+
+def test_a_dataset_too_short_for_any_step_is_blamed_on_data(tmp_path, capsys):
+    """One time step: `train` blamed `--rollout 1`; the file is what is short (`forecast`'s
+    case is in tests/weather/test_weather_cli.py)."""
+    from gclab.config import TaskConfig
+    from gclab.training.data import SyntheticWeather
+    from gclab.weather import compute_stats, synthetic_dataset, write_dataset, write_stats
+
+    weather = SyntheticWeather(TaskConfig.from_levels(13), 30.0, seed=0)
+    one = tmp_path / "one.nc"
+    write_dataset(synthetic_dataset(weather, frames=3).isel(time=slice(0, 1)), one)
+    stats = tmp_path / "stats"
+    stats.mkdir()
+    write_stats(compute_stats(synthetic_dataset(weather, frames=8, start=10)), stats)
+    model = ["--resolution", "30", "--mesh-splits", "1", "--latent", "8", "--steps", "1"]
+    assert cli.main(["train", *model, "--train-steps", "1", "--data", str(one),
+                     "--stats", str(stats)]) == 2
+    assert capsys.readouterr().err == (
+        f"gclab train: error: --data {one}: 1 time step; training needs at least 3 (2 input "
+        "frames and a target)\n")
+
+
+def test_with_json_only_the_json_reaches_stdout():
+    """A multi-process `train --json` printed Gloo's '[Gloo] Rank 0 is connected to 1 peer
+    ranks' on stdout before its JSON: what native code writes to file descriptor 1 now goes
+    to stderr, and Python's output still to stdout."""
+    code = ("import os, sys, json\n"
+            "from gclab.cli import _stdout_for_json_only\n"
+            "with _stdout_for_json_only(True):\n"
+            "    os.write(1, b'[Gloo] Rank 0 is connected to 1 peer ranks\\n')\n"
+            "    print(json.dumps({'ok': 1}))\n"
+            "print('after')\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == '{"ok": 1}\nafter\n'
+    assert r.stderr == "[Gloo] Rank 0 is connected to 1 peer ranks\n"

@@ -47,3 +47,25 @@ def test_layout_table_names_every_subpackage():
                         "sizing", "training", "weather"]
     for name in packages:
         assert f"`gclab/{name}/`" in layout, name
+
+
+def test_the_command_table_names_only_options_each_command_has():
+    """Every `--option` a row of the README's command table names for `gclab <command>`
+    is one that command's parser defines (a renamed or dropped option leaves the README
+    promising what the command refuses); the shorthand ``(--preset NAME | ...)`` stands
+    for the model options, which are not listed."""
+    from gclab.cli import build_parser
+
+    parser = build_parser()
+    commands = next(a for a in parser._actions if a.dest == "command").choices
+    readme = (ROOT / "README.md").read_text()
+    rows = re.findall(r"^\| `(\w+)( [^`]*)?` \|", readme, re.M)
+    checked = 0
+    for command, usage in rows:
+        if command not in commands:
+            continue  # a row of another table
+        defined = {o for a in commands[command]._actions for o in a.option_strings}
+        named = set(re.findall(r"--[a-z][a-z0-9-]*", usage))
+        assert named <= defined, f"README's `{command}` row: {sorted(named - defined)}"
+        checked += 1
+    assert checked >= 9  # every subcommand's row was read

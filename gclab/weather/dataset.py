@@ -76,6 +76,15 @@ PROGRESS_CHUNK = 64
 INPUT_VARIABLES = (SURFACE_VARIABLES + ATMOSPHERIC_VARIABLES + FORCING_VARIABLES
                    + STATIC_VARIABLES)
 TARGET_VARIABLES = SURFACE_VARIABLES + ATMOSPHERIC_VARIABLES
+# The variables of each statistics file that gclab reads, and so the ones whose values are
+# checked where statistics are read (`load_stats`) and where they are computed
+# (`compute_stats`).
+_STATS_VARIABLES = {"mean": INPUT_VARIABLES, "stddev": INPUT_VARIABLES,
+                    "diffs_stddev": TARGET_VARIABLES}
+# What each statistic must be (`_check_stat`, `_check_computed_stat`).
+_STATS_RULES = {"mean": "a mean must be finite",
+                "stddev": "a standard deviation must be a finite number > 0",
+                "diffs_stddev": "a standard deviation must be a finite number > 0"}
 #: GraphCast's step between frames, which the time axis of a dataset must have.
 FRAME_STEP = np.timedelta64(int(HOURS_PER_FRAME * 3600), "s")
 # What a damaged chunk of a zarr store raises while it is decoded (zarr 3, numcodecs 0.16):
@@ -464,8 +473,8 @@ def load_stats(folder: PathLike) -> Stats:
                         f"{', '.join(STATS_FILES.values())})")
     stats = Stats(*(open_dataset(folder / name).load() for name in STATS_FILES.values()))
     for kind, ds in zip(STATS_FILES, stats):
-        names = TARGET_VARIABLES if kind == "diffs_stddev" else INPUT_VARIABLES
-        for name in names:  # an absent one is named with the task (`normalization_from_stats`)
+        # An absent variable is named with the task (`normalization_from_stats`).
+        for name in _STATS_VARIABLES[kind]:
             if name in ds.data_vars:
                 _check_stat(ds[name], kind, f"{folder / STATS_FILES[kind]}: {name!r}")
     return stats
@@ -477,15 +486,26 @@ def _check_stat(v, kind: str, what: str) -> None:
     variable."""
     if v.dtype.kind not in "iuf":
         raise DataError(f"{what} must hold numbers, it holds {v.dtype}")
+    bad = _bad_stat(v, kind)
+    if bad is not None:
+        at, value = bad
+        raise DataError(f"{what}{at} is {value:g} ({_STATS_RULES[kind]})")
+
+
+def _bad_stat(v, kind: str) -> Optional[tuple]:
+    """The rule `_STATS_RULES[kind]` on the numbers of statistic `v`: (where, value) of its
+    first value that breaks it (where: " at level 500", "" for a 0-d one), None if none
+    does. The one place the rule lives: the statistics read (`_check_stat`) and those
+    computed (`compute_stats`) are held to it alike, so that gclab never writes statistics
+    it would refuse to read."""
     values = np.asarray(v.values, np.float64)
     bad = ~np.isfinite(values) if kind == "mean" else ~(np.isfinite(values) & (values > 0))
-    if bad.any():
-        i = np.unravel_index(np.argmax(bad), values.shape)
-        at = "".join(f" at {d} {v.coords[d].values[j]}" if d in v.coords else f" at {d} {j}"
-                     for d, j in zip(v.dims, i))
-        allowed = ("a mean must be finite" if kind == "mean" else
-                   "a standard deviation must be a finite number > 0")
-        raise DataError(f"{what}{at} is {values[i]:g} ({allowed})")
+    if not bad.any():
+        return None
+    i = np.unravel_index(np.argmax(bad), values.shape)
+    at = "".join(f" at {d} {v.coords[d].values[j]}" if d in v.coords else f" at {d} {j}"
+                 for d, j in zip(v.dims, i))
+    return at, float(values[i])
 
 
 def write_stats(stats: Stats, folder: PathLike) -> None:
@@ -605,9 +625,12 @@ def compute_stats(ds) -> Stats:
       DataError: fewer than 2 time steps (the 6-hour change needs two), a time axis that
         is not 6-hourly, a `level` that is no dimension (`dataset_levels`), progress
         features to compute and no `datetime` (nor a `time` of datetimes), a damaged chunk,
-        or a variable gclab uses holding a value that is not finite (other variables skip
-        NaN, as xarray does); the message names the file, the variable and, for a value,
-        the first time step.
+        a variable gclab uses holding a value that is not finite (other variables skip
+        NaN, as xarray does), or a statistic gclab reads that `load_stats` would refuse: a
+        variable that never varies (standard deviation 0) or, for a target, never changes
+        between time steps; the message names the file, the variable and, for a value,
+        the first time step or, for a statistic, the level. Nothing is returned, so
+        nothing is written, for a dataset whose statistics gclab could not use.
     """
     _require_dataset("ds", ds)
     xarray = _xarray()
@@ -644,10 +667,33 @@ def compute_stats(ds) -> Stats:
         if skipna is False and not all(np.isfinite(x.values).all()
                                        for x in got.data_vars.values()):
             raise DataError(_first_not_finite(ds, name, where))
-        for stats, key in zip(out, ("mean", "std", "diffs")):
+        for stats, key, kind in zip(out, ("mean", "std", "diffs"), STATS_FILES):
             if key in got:
+                if name in _STATS_VARIABLES[kind]:  # as `load_stats` will read it
+                    _check_computed_stat(got[key], kind, name, where)
                 stats[name] = got[key]
     return Stats(*(xarray.Dataset(s) for s in out))
+
+
+def _check_computed_stat(v, kind: str, name: str, where: str) -> None:
+    """Refuses statistic `kind` of variable `name` computed from dataset `where` if it
+    breaks the rule the statistics reader holds it to (`_bad_stat`): written, it would
+    replace a usable statistics folder with one every `train` and `forecast` refuses.
+    Values that are not finite are refused before (`_first_not_finite`, which names the
+    time step), so what is left is a standard deviation of 0, said as the data's own
+    fault: a variable that never varies, or never changes from one frame to the next."""
+    bad = _bad_stat(v, kind)
+    if bad is None:
+        return
+    at, value = bad
+    if value == 0 and kind == "stddev":
+        why = "never varies in this data: its standard deviation is 0"
+    elif value == 0 and kind == "diffs_stddev":
+        why = (f"never changes from one time step to the next in this data: the standard "
+               f"deviation of its 6-hour change ({STATS_FILES[kind]}) is 0")
+    else:
+        why = f"would be {value:g} in {STATS_FILES[kind]}"
+    raise DataError(f"{where}: {name!r}{at} {why}, and {_STATS_RULES[kind]}")
 
 
 def _check_numbers(var, where: str) -> None:

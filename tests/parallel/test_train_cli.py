@@ -143,7 +143,8 @@ def test_a_run_that_diverges_stops_and_saves_nothing(tmp_path, capsys):
     assert err.count("\n") == 1, err
     assert err.startswith("gclab train: error: the loss is nan at step 2 (gradient norm "), err
     assert (f"training diverged and nothing was saved; earlier checkpoints in --checkpoint-dir "
-            f"{ckpt} are kept; try a lower --learning-rate (now 1e+30)") in err, err
+            f"{ckpt} are kept; try a lower --learning-rate (now 1e+30) with another "
+            "--checkpoint-dir") in err, err  # a resume must keep the rate it was saved with
     assert not weights.exists()
     assert {f.relative_to(ckpt): f.read_bytes() for f in ckpt.rglob("*") if f.is_file()} == step1
 

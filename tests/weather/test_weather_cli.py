@@ -76,6 +76,8 @@ def _one_line(capsys, argv, text):
     ({"--stats": "."}, "mean_by_level.nc: no such file"),
     ({"--stats": "badstats"}, "diffs_stddev_by_level.nc: no variable 'temperature'"),
     ({"--forecast-steps": "3"}, "--forecast-steps 3: at most 2"),
+    # Too short for any step: the file is named, not --forecast-steps ('at most -1' before).
+    ({"--data": "one.nc"}, "--data {root}/one.nc: 1 time step; a forecast needs at least 3"),
     ({"--forecast-steps": "0"}, "--forecast-steps 0:"),
     ({"--out": "pred.txt"}, "--out {root}/pred.txt: the name must end in .nc"),
     ({"--out": "data.nc"}, "--out {root}/data.nc: the same file as --data {root}/data.nc"),
@@ -91,6 +93,7 @@ def test_bad_forecast_inputs_get_one_line(files, capsys, change, text):
     np.savez(root / "incomplete.npz", **flat)
     ds = open_dataset(root / "data.nc").load()
     write_dataset(ds.drop_vars("geopotential"), root / "nolevel.nc")
+    write_dataset(ds.isel(time=slice(0, 1)), root / "one.nc")
     assert cli.main(["stats", "--data", str(root / "long.nc"), "--out", str(root / "good")]) == 0
     (root / "badstats").mkdir(exist_ok=True)
     for name in ("mean_by_level.nc", "stddev_by_level.nc"):
