@@ -168,8 +168,9 @@ def mark_xla_remat(recording: dict, log: str) -> int:
     labels = {row["label"]: row for row in recording["rows"]}
     pending, marked = [], 0
     for line in log.splitlines():
-        if xla_remat(line):
-            pending.append(xla_remat(line))
+        shrunk = xla_remat(line)
+        if shrunk:
+            pending.append(shrunk)
             continue
         label = line.strip().split(": ", 1)[0]
         if line.startswith("  ") and label in labels and pending:

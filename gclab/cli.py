@@ -1084,15 +1084,21 @@ def _train_sources(args):
             raise UsageError(f"--data/--stats: {e}") from None
         if weather.windows(args.rollout) < 1:
             frames = args.data.sizes["time"]
-            if frames < 3:  # too short for any rollout: the file, not the option
-                raise UsageError(f"--data {_shown(str(args.data_path))}: {frames} time "
-                                 f"step{'s' if frames != 1 else ''}; training needs at least "
-                                 "3 (2 input frames and a target)")
+            _check_frames(args, frames, "training", "a target")
             raise UsageError(f"--rollout {args.rollout}: the dataset has {frames} time steps, "
                              f"a rollout of {args.rollout} needs {args.rollout + 2}")
     params = None if ckpt is None else params_to_gclab_channels(ckpt.params, task,
                                                                  model.hidden_layers)
     return model, task, weather, params
+
+
+def _check_frames(args, frames: int, what: str, third: str) -> None:
+    """Refuses a `--data` too short for any step (fewer than 3 time steps: 2 input frames
+    and `third`), naming the file rather than the option whose limit it would break."""
+    if frames < 3:
+        raise UsageError(f"--data {_shown(str(args.data_path))}: {frames} time "
+                         f"step{'s' if frames != 1 else ''}; {what} needs at least 3 (2 input "
+                         f"frames and {third})")
 
 
 #: The option of each `train` argument a checkpoint records (`gclab.training.loop.RUN_SETTINGS`).
@@ -1331,11 +1337,7 @@ def cmd_forecast(args) -> int:
         normalization_from_stats(args.stats, task)
     except DataError as e:
         raise UsageError(f"--data/--stats: {e}") from None
-    if ds.sizes["time"] < 3:  # too short for any forecast: the file, not the option
-        frames = ds.sizes["time"]
-        raise UsageError(f"--data {_shown(str(args.data_path))}: {frames} time "
-                         f"step{'s' if frames != 1 else ''}; a forecast needs at least 3 (2 "
-                         "input frames and the forcings of one step)")
+    _check_frames(args, ds.sizes["time"], "a forecast", "the forcings of one step")
     if ds.sizes["time"] < args.forecast_steps + 2:
         raise UsageError(f"--forecast-steps {args.forecast_steps}: at most "
                          f"{ds.sizes['time'] - 2} (the dataset has {ds.sizes['time']} time "

@@ -306,15 +306,15 @@ def compile_train_step(spec: StepSpec, graphs: Optional[Graphs] = None, *,
     target = (mesh.devices.flat[0] if mesh is not None
               else list(devices)[0] if devices is not None else None)
     platform = None if target is None else target.platform
-    if live and run_if is not None:
+    on_gpu = (platform or jax.default_backend()).lower() in GPU_PLATFORMS
+    if live and run_if is not None and on_gpu:
         # A guarded step runs only where its plan fits, so XLA:GPU's rematerialization pass,
         # which shrinks a program above the card's limit towards it, could only make the plan
         # of a step that is refused anyway the pass's figure instead of the step's own: it is
-        # left out (as for a plan for another card); on a CPU the compile keeps its defaults.
+        # left out (as for a plan for another card). Elsewhere a live compile keeps XLA's
+        # defaults.
         with plans_for_another_card(True):
             options = plan_only_options(platform=platform)
-        if (platform or jax.default_backend()).lower() not in GPU_PLATFORMS:
-            options = None
     else:
         options = None if live else plan_only_options(platform=platform)
     lines = None

@@ -565,19 +565,14 @@ def save_state(directory: str, state: TrainState, settings: Optional[dict] = Non
     _check_folder(directory)
     failure, saved, latest = None, False, None
     with _quiet_orbax():
-        manager = None
         try:
-            manager = _checkpoint_manager(directory)
-            latest = manager.latest_step()
-            saved = manager.save(step, args=ocp.args.StandardSave(state),
-                                 custom_metadata=settings or {})
-            manager.wait_until_finished()
+            with _closing(_checkpoint_manager(directory)) as manager:
+                latest = manager.latest_step()
+                saved = manager.save(step, args=ocp.args.StandardSave(state),
+                                     custom_metadata=settings or {})
+                manager.wait_until_finished()
         except Exception as e:  # noqa: BLE001 - orbax raises what its writers raise
             failure = _save_failure(directory, e)
-        finally:
-            if manager is not None:
-                with contextlib.suppress(Exception):
-                    manager.close()
     if failure is not None:  # raised out here, so that no context keeps orbax's error
         raise SaveError(step, failure)
     if not saved:
