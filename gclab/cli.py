@@ -43,7 +43,6 @@ from typing import Any, Callable, Optional, Sequence
 import jax
 import numpy as np
 import tqdm
-from matplotlib.backend_bases import FigureCanvasBase
 
 from gclab.config import MAX_INT32, PRESETS, ConfigError, ModelConfig, get_preset, resolve_model
 from gclab.devices import CARDS, card, mem_fraction, mem_fraction_setting
@@ -81,7 +80,6 @@ from gclab.parallel.processes import (
     PROCESS_ID_ENV,
     env_count,
 )
-from gclab.plots import plot_sweep, plot_timeline
 from gclab.sizing.layout_plan import plan_layout
 from gclab.sizing.planner import BUDGET_HELP, NothingFits, parse_budget, plan
 from gclab.sizing.step import StepSpec, compile_train_step, train_step_timeline
@@ -122,10 +120,21 @@ from gclab.weather import (
 )
 from gclab.weather.forecast import forecast
 
-#: File types a picture can be saved as (matplotlib's, from the name's suffix; not pgf,
-#: which needs a LaTeX installation).
-PLOT_SUFFIXES = tuple(f".{ext}" for ext in sorted(FigureCanvasBase.get_supported_filetypes())
-                      if ext != "pgf")
+
+@functools.cache
+def plot_suffixes() -> tuple[str, ...]:
+    """File types a picture can be saved as (matplotlib's, from the name's suffix; not pgf,
+    which needs a LaTeX installation).
+
+    Asked only when a command is given a picture to write: matplotlib (and `gclab.plots`)
+    take about half a second to import, which every other command would pay at start.
+    """
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    return tuple(f".{ext}" for ext in sorted(FigureCanvasBase.get_supported_filetypes())
+                 if ext != "pgf")
+
+
 SWEEP_SUFFIXES = (".json", ".csv")
 SWEEP_CACHE_ENV = "GCLAB_SWEEP_CACHE"
 STATS_NAMES = tuple(STATS_FILES.values())  # the three statistics files of a folder
@@ -494,8 +503,11 @@ def _tolerance(text: str) -> float:
     return value
 
 
-def _output_file(suffixes: Optional[Sequence[str]] = None) -> Callable[[str], Path]:
-    """A file to write: checked now (folder exists and is writable, not a directory)."""
+def _output_file(suffixes: Optional[Callable[[], Sequence[str]] | Sequence[str]] = None
+                 ) -> Callable[[str], Path]:
+    """A file to write: checked now (folder exists and is writable, not a directory), and
+    its suffix one of `suffixes` (a sequence, or a function giving one when a name is
+    checked)."""
 
     @_path_option
     def convert(text: str) -> Path:
@@ -503,7 +515,7 @@ def _output_file(suffixes: Optional[Sequence[str]] = None) -> Callable[[str], Pa
         if text == "-":
             raise _bad(text, "a file name (gclab does not write this to standard output)")
         try:
-            return check_output_path(text, suffixes)
+            return check_output_path(text, suffixes() if callable(suffixes) else suffixes)
         except OutputPathError as e:
             raise _bad(text, e.reason) from None
 
@@ -719,6 +731,8 @@ def cmd_timeline(args) -> int:
         timelines.append(tl)
         labels.append(spec.memory_label())
     if args.plot:
+        from gclab.plots import plot_timeline  # matplotlib: only for a picture (plot_suffixes)
+
         fig = plot_timeline(timelines if len(timelines) > 1 else timelines[0], labels=labels)
         _save_figure(fig, args.plot)
         print(f"wrote {args.plot}")
@@ -764,6 +778,8 @@ def cmd_sweep(args) -> int:
               f"temp {format_bytes(r['temp_bytes'])} {r['status']}")
     print(f"wrote {args.out}")
     if args.plot:
+        from gclab.plots import plot_sweep  # matplotlib: only for a picture (plot_suffixes)
+
         _save_figure(plot_sweep(df), args.plot)
         print(f"wrote {args.plot}")
     return 0 if (df["status"] == "ok").all() else 1
@@ -1396,7 +1412,7 @@ def build_parser() -> argparse.ArgumentParser:
                        "(--recipe A,B overlays several)")
     _add_model_args(p)
     _add_memory_args(p, several_recipes=True)
-    p.add_argument("--plot", type=_output_file(PLOT_SUFFIXES), metavar="FILE.png",
+    p.add_argument("--plot", type=_output_file(plot_suffixes), metavar="FILE.png",
                    help="save the timeline picture (the suffix sets the format: png, pdf, "
                    "svg, ...)")
     p.add_argument("--peak", type=_count(1), metavar="N",
@@ -1423,7 +1439,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--out", type=_output_file(SWEEP_SUFFIXES), required=True,
                    metavar="FILE.json", help="write the rows as JSON records (.json) or CSV "
                    "(.csv)")
-    g.add_argument("--plot", type=_output_file(PLOT_SUFFIXES), metavar="FILE.png",
+    g.add_argument("--plot", type=_output_file(plot_suffixes), metavar="FILE.png",
                    help="save a picture of the sweep (the suffix sets the format)")
     p.set_defaults(func=cmd_sweep)
 

@@ -199,3 +199,22 @@ def test_with_json_only_the_json_reaches_stdout():
     assert r.returncode == 0, r.stderr
     assert r.stdout == '{"ok": 1}\nafter\n'
     assert r.stderr == "[Gloo] Rank 0 is connected to 1 peer ranks\n"
+
+
+def test_starting_the_command_line_imports_no_plotting_or_checkpoint_library():
+    """matplotlib (with `gclab.plots`) and orbax are imported by the commands that draw or
+    read and write checkpoints, when they do: every other command, `--help` and each
+    one-line refusal of a bad option started about 0.6 s later with them."""
+    code = ("import sys, gclab.cli\n"
+            "print(sorted(m for m in ('matplotlib', 'gclab.plots', 'orbax') if m in sys.modules))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout == "[]\n"
+
+
+def test_a_picture_name_is_checked_against_matplotlibs_file_types(tmp_path, capsys):
+    assert ".png" in cli.plot_suffixes() and ".pgf" not in cli.plot_suffixes()
+    assert cli.main(["timeline", "--preset", "cpu-4x32", "--plot", str(tmp_path / "t.pgf")]) == 2
+    err = capsys.readouterr().err
+    assert "--plot" in err and ".png" in err and err.count("\n") == 1, err

@@ -25,12 +25,11 @@ import os
 import re
 import sys
 import warnings
-from typing import Callable, Mapping, Optional
+from typing import TYPE_CHECKING, Callable, Mapping, Optional
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import orbax.checkpoint as ocp
 
 from gclab.config import ModelConfig, TaskConfig, WrongType, is_number, require_count, require_kind
 from gclab.geometry.graphs import graphs_for
@@ -54,6 +53,9 @@ from gclab.training.step import (
     make_optimizer,
     make_train_step,
 )
+
+if TYPE_CHECKING:  # imported where a checkpoint is read or written (`_orbax`)
+    import orbax.checkpoint as ocp
 
 
 @dataclasses.dataclass(frozen=True)
@@ -291,15 +293,25 @@ RUN_SETTINGS = ("schedule_steps", "learning_rate", "real_data", "seed", "batch",
 KEPT_CHECKPOINTS = 2
 
 
+def _orbax():
+    """orbax.checkpoint, imported on first use: it takes about a quarter of a second to
+    import, which a program that saves and restores no checkpoint (``gclab memory``,
+    ``gclab plan``) would pay at start."""
+    import orbax.checkpoint
+
+    return orbax.checkpoint
+
+
 def _checkpoint_manager(directory: str, create: bool = True) -> ocp.CheckpointManager:
     """Orbax's manager of `directory`. Saves are synchronous: an asynchronous save whose
     folder cannot be made leaves orbax's commit threads waiting for it, and the process
     with them, for orbax's coordination timeout (300 s) before it can exit. `create`: make
     the folder now (only a save does: restoring from a missing folder creates nothing)."""
-    options = ocp.CheckpointManagerOptions(max_to_keep=KEPT_CHECKPOINTS, create=create,
-                                           enable_async_checkpointing=False)
-    return ocp.CheckpointManager(os.path.abspath(directory), options=options,
-                                 item_handlers=ocp.StandardCheckpointHandler())
+    orbax = _orbax()
+    options = orbax.CheckpointManagerOptions(max_to_keep=KEPT_CHECKPOINTS, create=create,
+                                             enable_async_checkpointing=False)
+    return orbax.CheckpointManager(os.path.abspath(directory), options=options,
+                                   item_handlers=orbax.StandardCheckpointHandler())
 
 
 @contextlib.contextmanager
@@ -471,7 +483,7 @@ def _check_stored_shapes(manager: ocp.CheckpointManager, step: int, like: TrainS
                   for m in jax.tree_util.tree_leaves(manager.item_metadata(step).tree)}
     except Exception as e:  # noqa: BLE001 - orbax raises what its readers raise
         raise RestoreError(f"step {step} is damaged or incomplete ({_reason(e)})") from None
-    wanted = {".".join(ocp.tree.str_keypath(path)): tuple(a.shape)
+    wanted = {".".join(_orbax().tree.str_keypath(path)): tuple(a.shape)
               for path, a in jax.tree_util.tree_leaves_with_path(like)}
     for name, shape in wanted.items():
         if name not in stored:
@@ -504,7 +516,7 @@ def restore_state(directory: str, like: TrainState) -> Optional[TrainState]:
             lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding), like)
         failure = None
         try:
-            restored = manager.restore(step, args=ocp.args.StandardRestore(target))
+            restored = manager.restore(step, args=_orbax().args.StandardRestore(target))
         except Exception as e:  # noqa: BLE001 - orbax raises what its readers raise
             failure = _reason(e)
         if failure is not None:  # raised out here, so that no context keeps orbax's error
@@ -568,7 +580,7 @@ def save_state(directory: str, state: TrainState, settings: Optional[dict] = Non
         try:
             with _closing(_checkpoint_manager(directory)) as manager:
                 latest = manager.latest_step()
-                saved = manager.save(step, args=ocp.args.StandardSave(state),
+                saved = manager.save(step, args=_orbax().args.StandardSave(state),
                                      custom_metadata=settings or {})
                 manager.wait_until_finished()
         except Exception as e:  # noqa: BLE001 - orbax raises what its writers raise
