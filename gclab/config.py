@@ -110,6 +110,17 @@ class WrongType(TypeError, ValueError):
     """
 
 
+class SettingError(ValueError):
+    """A bad setting (an environment variable); a notebook shows its one line, no traceback.
+
+    Here, below every module that reads a setting (`gclab.devices`, `gclab.notebook`), so
+    that each raises the same class.
+    """
+
+    def _render_traceback_(self) -> list[str]:  # IPython shows these lines instead
+        return [f"{type(self).__name__}: {self}"]
+
+
 class ConfigWrongType(ConfigError, WrongType):
     """A config field with a value of a kind it does not allow (`invalid(..., wrong_kind=True)`)."""
 

@@ -25,7 +25,7 @@ import numbers
 import os
 from typing import Any, Optional
 
-from gclab.config import is_number, require_kind
+from gclab.config import SettingError, is_number, require_kind
 
 GB = 10**9
 GiB = 2**30
@@ -119,14 +119,14 @@ def mem_fraction_setting() -> Optional[tuple[str, str]]:
     and refuses both at once; so does this.
 
     Raises:
-      ValueError: both variables are set.
+      SettingError: both variables are set (a `ValueError`, shown in one line by a notebook).
     """
     new = os.environ.get(MEM_FRACTION_ENV, "").strip()
     old = os.environ.get(DEPRECATED_MEM_FRACTION_ENV, "").strip()
     if new and old:
-        raise ValueError(f"{MEM_FRACTION_ENV}={new!r} and {DEPRECATED_MEM_FRACTION_ENV}={old!r} "
-                         f"are both set: JAX refuses both; unset {DEPRECATED_MEM_FRACTION_ENV} "
-                         f"(deprecated)")
+        raise SettingError(f"{MEM_FRACTION_ENV}={new!r} and {DEPRECATED_MEM_FRACTION_ENV}={old!r} "
+                           f"are both set: JAX refuses both; unset {DEPRECATED_MEM_FRACTION_ENV} "
+                           f"(deprecated)")
     if new:
         return MEM_FRACTION_ENV, new
     if old:
@@ -138,8 +138,8 @@ def mem_fraction() -> float:
     """JAX's GPU pool as a share of the card: what `mem_fraction_setting` names, or 0.75.
 
     Raises:
-      ValueError: the variable is set to anything but a number in (0, 1], or both names
-        are set (`mem_fraction_setting`).
+      SettingError: the variable is set to anything but a number in (0, 1], or both names
+        are set (`mem_fraction_setting`); a `ValueError`, shown in one line by a notebook.
     """
     setting = mem_fraction_setting()
     if setting is None:
@@ -150,7 +150,7 @@ def mem_fraction() -> float:
     except ValueError:
         value = float("nan")
     if not 0 < value <= 1:
-        raise ValueError(f"{name}={text!r} is invalid: a number in (0, 1]")
+        raise SettingError(f"{name}={text!r} is invalid: a number in (0, 1]")
     return value
 
 

@@ -32,6 +32,7 @@ from typing import Any, Mapping, Optional, Sequence
 from gclab import devices, limits
 from gclab.config import (
     ModelConfig,
+    SettingError,  # gclab.notebook.SettingError, as chapters and scripts import it
     TaskConfig,
     WrongType,
     a_kind,
@@ -56,13 +57,6 @@ SCALE_ENV = "GCLAB_SCALE"
 DATA_DIR = output_dir()
 #: Characters of a printed line that a rendered page of the book shows without scrolling.
 PAGE_WIDTH = 76
-
-
-class SettingError(ValueError):
-    """A bad setting (an environment variable); a notebook shows its one line, no traceback."""
-
-    def _render_traceback_(self) -> list[str]:  # IPython shows these lines instead
-        return [f"{type(self).__name__}: {self}"]
 
 
 class HardwareReport(dict):
@@ -221,20 +215,31 @@ def print_hardware() -> HardwareReport:
     return report
 
 
-def scale_named(name: str) -> Scale:
+def scale_named(name: str, *, source: str = "") -> Scale:
     """The `Scale` called `name` (a class name or an alias, case-insensitive).
 
+    Args:
+      name: the scale's name.
+      source: the environment variable `name` was read from, which the message then names
+        (`choose_scale` passes ``GCLAB_SCALE``); by default the message names `name`.
+
     Raises:
-      SettingError: an unknown name; one line listing the allowed ones.
+      TypeError: `name` not a str (`WrongType`).
+      ValueError: an unknown name; one line listing the allowed ones (`SettingError`, where
+        it came from `source`).
     """
+    allowed = "one of " + ", ".join((*SCALES, *SCALE_ALIASES))
+    if not source:
+        require_kind("name", name, str, f"a str, {allowed}", "scale_named")
     text = str(name).strip()
     for key in SCALES:
         if text.lower() == key.lower():
             return SCALE_TABLE[key]
     if text.lower() in SCALE_ALIASES:
         return SCALE_TABLE[SCALE_ALIASES[text.lower()]]
-    raise SettingError(f"{SCALE_ENV}={text!r} is invalid: one of "
-                       + ", ".join((*SCALES, *SCALE_ALIASES)))
+    if source:
+        raise SettingError(f"{source}={text!r} is invalid: {allowed}")
+    raise ValueError(f"scale_named name={name!r} is invalid: {allowed}")
 
 
 def scale_for(usable: Optional[int]) -> Scale:
@@ -253,7 +258,7 @@ def choose_scale() -> Scale:
     """
     forced = os.environ.get(SCALE_ENV, "").strip()
     if forced:
-        return scale_named(forced)
+        return scale_named(forced, source=SCALE_ENV)
     import jax
 
     if jax.default_backend() == "cpu":
@@ -266,7 +271,11 @@ def scale_banner(scale: Scale, width: int = PAGE_WIDTH) -> str:
 
     Wrapped at `width` characters, so that a rendered page shows it whole instead of in a
     horizontally scrolled output; the list of allowed values is never split.
+
+    Raises:
+      ValueError: `width` not an integer >= 20 (as `page_text`).
     """
+    width = require_count("width", width, 20, "scale_banner")
     text = (f"This chapter runs at scale {scale} (set {SCALE_ENV}="
             + "|".join(SCALES) + " to change it).")
     return textwrap.fill(text, width, break_long_words=False, break_on_hyphens=False)
@@ -323,6 +332,13 @@ class LiveConfig:
     guarded: bool = False
 
 
+def _require_scale(scale: object, caller: str) -> Scale:
+    """`scale` if it is a `Scale`; a `WrongType` naming `caller` otherwise (a scale's name is
+    not one: its models and name are read)."""
+    return require_kind("scale", scale, Scale, f"a Scale (choose_scale() or SCALE_TABLE[name], "
+                        f"name one of {', '.join(SCALES)})", caller)
+
+
 def live_configs(chapter: str, scale: Scale) -> list[LiveConfig]:
     """The configurations chapter `chapter` runs on the device at `scale`.
 
@@ -334,8 +350,7 @@ def live_configs(chapter: str, scale: Scale) -> list[LiveConfig]:
       TypeError: `scale` not a `Scale` (a scale's name is not one: its models are read).
       ValueError: an unknown chapter.
     """
-    require_kind("scale", scale, Scale, f"a Scale (choose_scale() or SCALE_TABLE[name], name "
-                 f"one of {', '.join(SCALES)})", "live_configs")
+    _require_scale(scale, "live_configs")
     from gclab.config import get_preset
     from gclab.geometry import graphs_for
     from gclab.memory import MemoryConfig, get_recipe, parse_remat_spec, scaled_edge_block
@@ -489,15 +504,17 @@ def run_if_fits(spec, label: str = "", *, graphs=None, usable: Optional[int] = N
       measure: on a GPU, also measure the peak in a fresh process (`measure_peak`).
 
     Raises:
-      TypeError: `usable` not a number (a size in words such as ``"8GiB"``, say).
+      TypeError: `spec` not a `StepSpec` (a `LiveConfig`, say), or `usable` not a number
+        (a size in words such as ``"8GiB"``, say).
       ValueError: `usable` not a finite number >= 1.
       gclab.limits.TooLarge: the model's graphs, built first (every plan needs them),
         would not fit this machine's memory.
     """
     from gclab.geometry import graphs_for
-    from gclab.sizing import CompiledStep, compile_train_step, estimate_step_bytes
+    from gclab.sizing import CompiledStep, StepSpec, compile_train_step, estimate_step_bytes
     from gclab.sizing.step import device_memory_bytes
 
+    require_kind("spec", spec, StepSpec, "a StepSpec (a LiveConfig's .spec)", "run_if_fits")
     usable = _usable(usable, "run_if_fits")
     # Built before the guarded compile, so that a refusal there is the step's own.
     graphs = graphs if graphs is not None else graphs_for(spec.model)
@@ -598,7 +615,11 @@ def gpu_record(chapter: str, scale: Scale, data_dir: Optional[Path] = None, *,
     Returns:
       The JSON object (``hardware``, ``date``, ``scale``, ``rows`` of this chapter's
       configurations only, ``complete``), or None where there is none.
+
+    Raises:
+      TypeError: `scale` not a `Scale` (a scale's name is not one, as for `live_configs`).
     """
+    _require_scale(scale, "gpu_record")
     part = GPU_RECORDING_PARTS.get(str(chapter).zfill(2))
     if part is None:
         return None
@@ -625,9 +646,13 @@ def gpu_recording(chapter: str, scale: Scale, data_dir: Optional[Path] = None, *
       `(title, DataFrame)`: the title names the device, date, jax version and commit (and
       the scale, where it is not `scale`); the rows give each configuration's plan,
       measured peak, their ratio and step time.
+
+    Raises:
+      TypeError: `scale` not a `Scale` (a scale's name is not one, as for `live_configs`).
     """
     import pandas as pd
 
+    _require_scale(scale, "gpu_recording")
     record = gpu_record(chapter, scale, data_dir, other_scales=other_scales)
     if record is None:
         return None
@@ -754,6 +779,22 @@ NOT_MEASURED = ("not measured on {backend}: no device allocator reports a peak "
                 "(peak_bytes_in_use) here, so XLA's plan is the only figure")
 
 
+def _check_plans(plans: object) -> dict:
+    """`planned_and_measured`'s ``plans=`` as a dict ({} for None), or one `WrongType` line:
+    a list would be ignored, and a value that is no pair fails deep inside."""
+    allowed = "a {label: (plan_bytes, temp_bytes)} mapping"
+    if plans is None:
+        return {}
+    if not isinstance(plans, Mapping):
+        raise WrongType(f"planned_and_measured plans is {a_kind(plans)}: it must be {allowed}")
+    for label, pair in plans.items():
+        if (isinstance(pair, (str, bytes)) or not isinstance(pair, Sequence) or len(pair) != 2
+                or not all(is_number(b) for b in pair)):
+            raise WrongType(f"planned_and_measured plans[{label!r}]={pair!r} is invalid: "
+                            "a pair of numbers (plan_bytes, temp_bytes)")
+    return dict(plans)
+
+
 def planned_and_measured(configs, *, plans=None, usable: Optional[int] = None,
                          repeats: int = 2):
     """XLA's plan of each configuration and, off the CPU, the device's measured peak beside it.
@@ -782,7 +823,8 @@ def planned_and_measured(configs, *, plans=None, usable: Optional[int] = None,
 
     Raises:
       TypeError: `configs` not a mapping of labels to `StepSpec`s (a list, say, or
-        `LiveConfig`s), or `usable` not a number.
+        `LiveConfig`s), `plans` not a mapping of labels to pairs of numbers, or `usable`
+        not a number.
       ValueError: no configurations, `usable` not a finite number >= 1, or `repeats` not
         an integer >= 1.
     """
@@ -803,12 +845,13 @@ def planned_and_measured(configs, *, plans=None, usable: Optional[int] = None,
         raise WrongType(f"planned_and_measured configs[{wrong[0]!r}] is "
                         f"{a_kind(configs[wrong[0]])}: each value must be a StepSpec")
     repeats = require_count("repeats", repeats, 1, "planned_and_measured")
+    plans = _check_plans(plans)
     backend = jax.default_backend()
     usable = _usable(usable, "planned_and_measured")
     device = jax.devices()[0] if backend != "cpu" else None  # its backend runs already
     rows = []
     for label, spec in configs.items():
-        if plans is not None and label in plans:
+        if label in plans:
             total, temp = plans[label]
         else:
             m = train_step_memory(spec)
@@ -897,15 +940,20 @@ def _relative_spread(seconds: Sequence[float]) -> float:
     return (max(seconds) - min(seconds)) / statistics.median(seconds)
 
 
-def _check_timings(fn: str, name: str, seconds: Sequence[float], least: int) -> None:
-    """Raises the ValueError of timings that are fewer than `least` or not all positive
-    numbers (a median, spread or ratio of them would be a statistics or division error)."""
+def _check_timings(fn: str, name: str, seconds: Sequence[float], least: int) -> list:
+    """`seconds` as a list (a generator is read once, here), or the ValueError of timings
+    that are no sequence, fewer than `least` or not all positive numbers (a median, spread
+    or ratio of them would be a statistics or division error)."""
+    if isinstance(seconds, (str, bytes)) or not hasattr(seconds, "__iter__"):
+        raise WrongType(f"{fn}: {name!r} needs a list of timings (seconds), got "
+                        f"{a_kind(seconds)}")
     seconds = list(seconds)
     if len(seconds) < least or not all(
             is_number(t) and 0 < t < math.inf
             for t in seconds):
         count = "two or more" if least == 2 else "one or more"
         raise ValueError(f"{fn}: {name!r} needs {count} positive timings, got {seconds!r}")
+    return seconds
 
 
 def compare_times(samples: Mapping[str, Sequence[float]], subject: str,
@@ -917,22 +965,26 @@ def compare_times(samples: Mapping[str, Sequence[float]], subject: str,
     (one run of each per round), so that a change in the machine's load hits both.
 
     Args:
-      samples: seconds per run, by name (two runs at least each).
+      samples: seconds per run, by name (two runs at least each; any iterable of them, a
+        generator too).
       subject: the name judged.
       reference: the name it is judged against.
 
     Raises:
       ValueError: a name missing from `samples`, fewer than two timings, or a timing that
-        is not a positive number.
+        is not a positive number; `WrongType` where a name's timings are no list of them
+        (one number, say).
     """
     import statistics
 
+    checked = {}
     for name in (subject, reference):
         if name not in samples:
             raise ValueError(f"compare_times: no timings named {name!r}; have "
                              + ", ".join(map(repr, samples)))
-        _check_timings("compare_times", name, samples[name], least=2)
-    a, b = list(samples[subject]), list(samples[reference])
+        if name not in checked:  # a generator compared with itself is read once
+            checked[name] = _check_timings("compare_times", name, samples[name], least=2)
+    a, b = checked[subject], checked[reference]
     if max(a) < min(b):
         verdict = "faster than"
     elif min(a) > max(b):
@@ -946,9 +998,17 @@ def compare_times(samples: Mapping[str, Sequence[float]], subject: str,
 def time_table(samples: Mapping[str, Sequence[float]]):
     """Median, fastest and slowest run and relative spread of each set of timings.
 
+    Args:
+      samples: seconds per run, by name (one run at least each; any iterable of them, a
+        generator too).
+
     Returns:
       A DataFrame indexed by name: ``median_seconds``, ``fastest_seconds``,
       ``slowest_seconds``, ``spread`` ((slowest - fastest) / median) and ``runs``.
+
+    Raises:
+      ValueError: no names, no timings or a timing that is not a positive number;
+        `WrongType` where a name's timings are no list of them (one number, say).
     """
     import statistics
 
@@ -957,12 +1017,12 @@ def time_table(samples: Mapping[str, Sequence[float]]):
     if not isinstance(samples, Mapping) or not samples:
         raise ValueError(f"time_table: samples={samples!r} is invalid: seconds per run, by "
                          "name (one name at least)")
-    for name, seconds in samples.items():
-        _check_timings("time_table", name, seconds, least=1)
+    checked = {name: _check_timings("time_table", name, seconds, least=1)
+               for name, seconds in samples.items()}  # each generator read once, here
     return pd.DataFrame([{"name": k, "median_seconds": statistics.median(v),
                           "fastest_seconds": min(v), "slowest_seconds": max(v),
                           "spread": _relative_spread(v), "runs": len(v)}
-                         for k, v in samples.items()]).set_index("name")
+                         for k, v in checked.items()]).set_index("name")
 
 
 # ------------------------------------------------------------------ a guarded grid
@@ -1001,7 +1061,8 @@ def guarded_grid(configs: Sequence[LiveConfig], *, usable: Optional[int] = None,
 
     Raises:
       TypeError: `configs` not an iterable of `LiveConfig`s, or `usable` not a number.
-      ValueError: `repeats` not an integer >= 1, or `usable` not a finite number >= 1.
+      ValueError: no configurations, `repeats` not an integer >= 1, or `usable` not a
+        finite number >= 1.
     """
     import gc
 
@@ -1010,7 +1071,7 @@ def guarded_grid(configs: Sequence[LiveConfig], *, usable: Optional[int] = None,
     from gclab.measure.timing import median_seconds
     from gclab.sizing import param_count
 
-    repeats = require_count("repeats", repeats, 1)
+    repeats = require_count("repeats", repeats, 1, "guarded_grid")
     allowed = "guarded_grid: configs are LiveConfigs (`live_configs(chapter, scale)`), not"
     try:
         configs = list(configs)  # a generator is read once: checked and run from this list
@@ -1020,6 +1081,8 @@ def guarded_grid(configs: Sequence[LiveConfig], *, usable: Optional[int] = None,
     if wrong:  # a StepSpec, say (`run_if_fits` takes those): its label and guard are missing
         raise WrongType(f"{allowed} {type(wrong[0]).__name__}")
     usable = _usable(usable, "guarded_grid")
+    if not configs:  # a table without columns, which no chapter could index
+        raise ValueError("guarded_grid configs is empty: nothing to run")
     rows = []
     for config in configs:
         guarded = run_if_fits(config.spec, config.label, usable=usable)

@@ -570,3 +570,118 @@ def test_timings_may_be_numpy_numbers():
     assert compare_times(samples, "a", "b").verdict == "faster than"
     with pytest.raises(ValueError, match="'a' needs one or more positive timings"):
         time_table({"a": [np.float64(-1.0)]})
+
+
+def _tiny_spec():
+    from gclab.config import ModelConfig, TaskConfig
+    from gclab.sizing import StepSpec
+
+    return StepSpec(ModelConfig(resolution=6, mesh_splits=2, latent_size=16, processor_steps=2),
+                    TaskConfig.from_levels(13))
+
+
+def test_run_if_fits_names_a_spec_that_is_no_step_spec():
+    from gclab.notebook import LiveConfig, run_if_fits
+
+    spec = _tiny_spec()
+    for wrong, kind in ((LiveConfig("01", "x", spec), "a LiveConfig"), (None, "None"),
+                        (spec.model, "a ModelConfig")):
+        with pytest.raises(TypeError, match=r"^run_if_fits spec(=None)? is invalid: a StepSpec "
+                           rf"\(a LiveConfig's \.spec\), not {kind}$"):
+            run_if_fits(wrong, usable=2**30)
+
+
+@pytest.mark.parametrize("given, kind", [(1.0, "a float"), (None, "None"), ("1.0", "a str")])
+def test_timings_that_are_no_list_are_named_in_one_line(given, kind):
+    from gclab.notebook import compare_times, time_table
+
+    words = f"'a' needs a list of timings (seconds), got {kind}"
+    with pytest.raises(ValueError, match=re.escape(f"time_table: {words}")):
+        time_table({"a": given})
+    with pytest.raises(ValueError, match=re.escape(f"compare_times: {words}")):
+        compare_times({"a": given, "b": [1, 2]}, "a", "b")
+
+
+def test_timings_may_come_from_generators():
+    from gclab.notebook import compare_times, time_table
+
+    table = time_table({"a": (t for t in [1.0, 2.0, 3.0])})
+    assert table.loc["a", "median_seconds"] == 2.0 and table.loc["a", "runs"] == 3
+    same = iter([1.0, 1.5])  # the same generator on both sides: read once
+    assert compare_times({"a": same}, "a", "a").verdict == "within the run-to-run spread of"
+    faster = compare_times({"a": iter([1.0, 1.1]), "b": (t for t in [2.0, 2.5])}, "a", "b")
+    assert faster.verdict == "faster than" and faster.ratio == pytest.approx(1.05 / 2.25)
+
+
+@pytest.mark.parametrize("call", ["gpu_record", "gpu_recording"])
+def test_gpu_recordings_name_a_scale_given_by_its_name(call, tmp_path):
+    from gclab import notebook
+
+    with pytest.raises(TypeError, match=rf"^{call} scale='16GB' is invalid: a Scale "
+                       r"\(choose_scale\(\) or SCALE_TABLE\[name\], name one of cpu, 16GB"):
+        getattr(notebook, call)("03", "16GB", tmp_path)
+
+
+@pytest.mark.parametrize("name, error, words", [
+    (None, TypeError, "scale_named name=None is invalid: a str, one of cpu, 16GB"),
+    (16, TypeError, "scale_named name=16 is invalid: a str, one of cpu, 16GB"),
+    ("huge", ValueError, "scale_named name='huge' is invalid: one of cpu, 16GB"),
+], ids=repr)
+def test_scale_named_names_its_argument_not_the_environment(name, error, words):
+    from gclab.notebook import scale_named
+
+    with pytest.raises(error) as e:
+        scale_named(name)
+    assert str(e.value).startswith(words) and "GCLAB_SCALE" not in str(e.value)
+    assert scale_named(" 16gb ") == "16GB"
+
+
+def test_a_bad_memory_fraction_is_a_setting_error_shown_in_one_line(monkeypatch):
+    from gclab import config, devices, notebook
+
+    assert notebook.SettingError is config.SettingError
+    monkeypatch.delenv(devices.DEPRECATED_MEM_FRACTION_ENV, raising=False)
+    monkeypatch.setenv(devices.MEM_FRACTION_ENV, "75%")
+    with pytest.raises(notebook.SettingError) as e:
+        devices.card_usable_bytes("T4")
+    assert e.value._render_traceback_() == [
+        "SettingError: XLA_CLIENT_MEM_FRACTION='75%' is invalid: a number in (0, 1]"]
+    monkeypatch.setenv(devices.DEPRECATED_MEM_FRACTION_ENV, "0.5")  # both names set
+    with pytest.raises(notebook.SettingError, match="are both set"):
+        devices.mem_fraction()
+
+
+@pytest.mark.parametrize("width, error", [("x", TypeError), (10, ValueError),
+                                          (30.0, TypeError)], ids=repr)
+def test_scale_banner_width_is_an_integer_as_for_page_text(width, error):
+    from gclab.notebook import scale_banner
+
+    with pytest.raises(error, match=rf"^scale_banner width={width!r} is invalid: an integer "
+                       ">= 20$"):
+        scale_banner(SCALE_TABLE["cpu"], width)
+    assert all(len(line) <= 20 for line in scale_banner(SCALE_TABLE["cpu"], 20).splitlines()
+               if "|" not in line)  # the allowed values are never split
+
+
+@pytest.mark.parametrize("plans, words", [
+    ({"a": 5}, "planned_and_measured plans['a']=5 is invalid: a pair of numbers "
+               "(plan_bytes, temp_bytes)"),
+    ({"a": (1, 2, 3)}, "plans['a']=(1, 2, 3) is invalid: a pair of numbers"),
+    ({"a": ("1", 2)}, "plans['a']=('1', 2) is invalid: a pair of numbers"),
+    ([("a", (1, 2))], "planned_and_measured plans is a list: it must be a "
+                      "{label: (plan_bytes, temp_bytes)} mapping"),
+], ids=repr)
+def test_planned_and_measured_names_plans_that_are_no_pairs_by_label(plans, words):
+    from gclab.notebook import planned_and_measured
+
+    with pytest.raises(TypeError, match=re.escape(words)):
+        planned_and_measured({"a": _tiny_spec()}, plans=plans)
+
+
+def test_guarded_grid_refuses_no_configs_and_names_itself_for_repeats():
+    from gclab.notebook import guarded_grid
+
+    with pytest.raises(ValueError, match="^guarded_grid configs is empty: nothing to run$"):
+        guarded_grid([], usable=2**30)
+    with pytest.raises(ValueError, match=r"^guarded_grid repeats=0 is invalid: an integer >= 1$"):
+        guarded_grid([], repeats=0)
