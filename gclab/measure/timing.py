@@ -29,10 +29,11 @@ def median_seconds(fn: Callable[[], object], repeats: int = 3, warmup: int = 1, 
       ValueError: `repeats` not an integer >= 1 (Python or numpy, not a bool), `warmup`
         not an integer >= 0, or `long_seconds` not a number > 0.
     """
-    repeats = require_count("repeats", repeats, 1)
-    warmup = require_count("warmup", warmup, 0)
+    repeats = require_count("repeats", repeats, 1, "median_seconds")
+    warmup = require_count("warmup", warmup, 0, "median_seconds")
     if long_seconds is not None and (not is_number(long_seconds) or not long_seconds > 0):
-        raise ValueError(f"long_seconds={long_seconds!r} is invalid: a number of seconds > 0")
+        raise ValueError(f"median_seconds long_seconds={long_seconds!r} is invalid: a number of "
+                         "seconds > 0")
     times = []
     for _ in range(warmup):
         start = time.perf_counter()

@@ -55,11 +55,11 @@ def test_median_seconds_refuses_bad_counts(kwargs):
 
 
 @pytest.mark.parametrize("kwargs,words", [
-    ({"repeats": True}, "repeats=True is invalid: an integer >= 1"),
-    ({"repeats": 2.0}, "repeats=2.0 is invalid: an integer >= 1"),
-    ({"repeats": np.int64(0)}, "repeats=np.int64(0) is invalid: an integer >= 1"),
-    ({"warmup": True}, "warmup=True is invalid: an integer >= 0"),
-    ({"warmup": 1.0}, "warmup=1.0 is invalid: an integer >= 0"),
+    ({"repeats": True}, "median_seconds repeats=True is invalid: an integer >= 1"),
+    ({"repeats": 2.0}, "median_seconds repeats=2.0 is invalid: an integer >= 1"),
+    ({"repeats": np.int64(0)}, "median_seconds repeats=np.int64(0) is invalid: an integer >= 1"),
+    ({"warmup": True}, "median_seconds warmup=True is invalid: an integer >= 0"),
+    ({"warmup": 1.0}, "median_seconds warmup=1.0 is invalid: an integer >= 0"),
 ], ids=repr)
 def test_median_seconds_counts_are_integers_not_bools_or_floats(kwargs, words):
     with pytest.raises(ValueError) as e:
