@@ -43,8 +43,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fresh_clone import commit, kept_rows  # noqa: E402
 
 from gclab.config import get_preset  # noqa: E402
-from gclab.files import write_text_atomic  # noqa: E402
+from gclab.files import OutputPathError, check_output_path, write_text_atomic  # noqa: E402
 from gclab.measure import format_bytes, machine  # noqa: E402
+from gclab.memory.config import PRECISIONS, get_recipe  # noqa: E402
 from gclab.sizing.layout_plan import plan_layout  # noqa: E402
 from gclab.sizing.planner import NothingFits  # noqa: E402
 
@@ -112,19 +113,46 @@ def main(argv: list[str] | None = None) -> int:
     # Merging is what every run does; the option stays for the command lines that name it.
     parser.add_argument("--append", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    # Every option is checked before the first plan, the preset first: a typo in the last
+    # precision must not cost the plans before it, and an unknown preset is named as such.
+    try:
+        get_preset(args.preset)
+    except ValueError as e:
+        parser.error(f"--preset: {e}")
     clusters = [c.strip() for c in args.clusters.split(",")]
     for c in clusters:
         if c not in CLUSTERS:
             parser.error(f"--clusters: {c!r} is not one of {', '.join(CLUSTERS)}")
-    old = recorded(args.out)
+    precisions, recipes = args.precisions.split(","), args.recipes.split(",")
+    for p in precisions:
+        if p not in PRECISIONS:
+            parser.error(f"--precisions: {p!r} is not one of {', '.join(PRECISIONS)}")
+    try:
+        for r in recipes:
+            get_recipe(r)
+    except ValueError as e:
+        parser.error(f"--recipes: {e}")
+    batches = args.batches.split(",")
+    for b in batches:
+        if b != "devices" and not (b.isdigit() and int(b) >= 1):
+            parser.error(f"--batches: {b!r} is neither a number of at least 1 nor 'devices'")
+    # The shipped copy is the results folder's record, written only with it.
+    outputs = OUTPUTS if args.out.resolve() == OUTPUTS[0].resolve() else (args.out,)
+    try:
+        for out in outputs:
+            check_output_path(out, (".json",))
+        old = recorded(args.out)
+        if not isinstance(old, dict) or not isinstance(old.get("rows"), list):
+            raise ValueError("it has no list of rows")
+    except OutputPathError as e:
+        parser.error(f"--out: {e}")
+    except ValueError as e:
+        parser.error(f"--out {args.out}: not a record of plans ({e}); name another file")
     others = sorted({r["preset"] for r in old["rows"]} - {args.preset})
     if others:
         parser.exit(2, f"{parser.prog}: error: --preset {args.preset}: {args.out} records "
                        f"{', '.join(others)}; write another preset's plans elsewhere with "
                        "--out FILE.json\n")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    # The shipped copy is the results folder's record, written only with it.
-    outputs = OUTPUTS if args.out.resolve() == OUTPUTS[0].resolve() else (args.out,)
     record = {"hardware": machine(simulated_devices=jax.device_count()),
               "what": "gclab plan --devices: per-device compiled total on XLA:CPU; "
                       "predicted seconds rank candidates with the card's published "
@@ -133,11 +161,10 @@ def main(argv: list[str] | None = None) -> int:
     fresh = []  # this run's rows
     for cluster in clusters:
         devices = CLUSTERS[cluster][0]
-        for precision in args.precisions.split(","):
-            for b in args.batches.split(","):
+        for precision in precisions:
+            for b in batches:
                 batch = devices if b == "devices" else int(b)
-                row = plan_row(cluster, args.preset, batch, precision,
-                               args.recipes.split(","))
+                row = plan_row(cluster, args.preset, batch, precision, recipes)
                 fresh.append(row)
                 record["rows"] = merged(fresh, args.preset, old)
                 said = row["explanation"].splitlines()[1 if row["fits"] else 0]

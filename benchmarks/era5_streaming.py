@@ -29,22 +29,43 @@ from official_side_by_side import provenance  # noqa: E402
 from gclab.files import write_text_atomic  # noqa: E402
 
 
-def main() -> None:
+def rollout_list(text: str) -> list[int]:
+    """The ``--rollouts`` value as integers, each >= 1 (argparse's `type`)."""
+    try:
+        rollouts = [int(r) for r in text.split(",")]
+    except ValueError:
+        rollouts = []
+    if not rollouts or min(rollouts) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: comma-separated integers >= 1")
+    return rollouts
+
+
+def main(argv: list[str] | None = None) -> None:
+    from gclab.config import ConfigError, ModelConfig, TaskConfig
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--resolution", type=float, default=2.0)
     parser.add_argument("--levels", type=int, default=13, choices=(13, 37))
     parser.add_argument("--steps", type=int, default=32, help="time steps in the store")
-    parser.add_argument("--rollouts", default="1,4", help="comma-separated rollouts")
-    args = parser.parse_args()
+    parser.add_argument("--rollouts", type=rollout_list, default="1,4",
+                        help="comma-separated rollouts")
+    args = parser.parse_args(argv)
+    try:
+        model = ModelConfig(resolution=args.resolution)
+    except ConfigError as e:
+        parser.error(f"--resolution {args.resolution:g}: {e.allowed}")
+    # An example of rollout T reads two input frames and T targets from the store.
+    least = max(args.rollouts) + 2
+    if args.steps < least:
+        parser.error(f"--steps {args.steps}: an integer >= {least} (two input frames and "
+                     f"the {max(args.rollouts)} target(s) of the longest --rollouts)")
 
-    from gclab.config import ModelConfig, TaskConfig
     from gclab.measure.hostmem import track_host_memory
     from gclab.training.data import SAMPLE_SPACING, SyntheticWeather
     from gclab.weather import DatasetWeather, compute_stats, synthetic_dataset
     from gclab.weather.era5 import open_era5, weatherbench_dataset
 
     task = TaskConfig.from_levels(args.levels)
-    model = ModelConfig(resolution=args.resolution)
     weather = SyntheticWeather(task, model.resolution)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -59,7 +80,7 @@ def main() -> None:
         source = DatasetWeather(open_era5(path), task, stats, lat, lon)
         step_bytes = (store_bytes - 2 * 4 * model.num_grid_nodes) / args.steps
         source.make_batch(1, rollout=1, start=1)  # imports and caches
-        for rollout in (int(r) for r in args.rollouts.split(",")):
+        for rollout in args.rollouts:
             with track_host_memory() as host:
                 example = source.make_batch(1, rollout=rollout, start=1 + SAMPLE_SPACING * 3)
             example_bytes = int(sum(np.asarray(a).nbytes for a in example))

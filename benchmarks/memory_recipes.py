@@ -379,6 +379,11 @@ def main(argv: list[str] | None = None) -> int:
     # A quick run lacks the 1 deg and 0.25 deg rows the chapters and README read: it has a
     # file of its own (with --only and --report-only too, which then read that file).
     path = RESULTS / f"memory-{hw['backend']}{'-quick' if args.quick else ''}.json"
+    if (args.report_only or args.only) and not path.exists():
+        # They read the recorded file: without one there is nothing to keep or report.
+        option = "--report-only" if args.report_only else f"--only {args.only}"
+        first = "--quick" if args.quick else "without --only or --report-only"
+        parser.error(f"{option}: no recorded {path.name}; run {first} first")
     if args.report_only or args.only == "claim":
         record = json.loads(path.read_text())
         rows, rollouts, timing = record["recipes"], record["rollout"], record["step_time"]

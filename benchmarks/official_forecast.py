@@ -199,6 +199,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="path of a checkout of github.com/google-deepmind/graphcast")
     parser.add_argument("--steps", type=int, default=4, help="forecast steps (4)")
     args = parser.parse_args(argv)
+    if args.steps < 1:
+        parser.error(f"--steps {args.steps}: an integer >= 1")
     if not is_checkout(args.official):
         parser.error(f"--official must name a checkout of google-deepmind/graphcast "
                      f"({args.official} has no graphcast/graphcast.py)")

@@ -12,7 +12,9 @@ It is imported from that path (``sys.path``), never copied. Every measurement ru
 fresh Python process, one at a time, so that a large compile frees its memory and a
 stuck one can be stopped (``--timeout``). It writes
 ``benchmarks/results/official-<backend>.json`` and ``.md``, naming the hardware, the
-date, the library versions and the commits of both codes.
+date, the library versions and the commits of both codes. A run in which nothing was
+measured is written to ``official-<backend>-failed.json`` instead, the recorded files
+kept, and exits with status 1.
 
 What it measures (batch 1, one target step, 13 levels at 4 and 1 deg, 37 at 0.25 deg):
 
@@ -536,12 +538,38 @@ def _write(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def main() -> int:
+def _positive(text: str) -> float:
+    """`--timeout`: seconds, a number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is invalid: a number of seconds > 0")
+    return value
+
+
+def _writable_folder(path: Path) -> str | None:
+    """Why `path` is not an existing folder this process can write in; None where it is.
+
+    Written to once (a temporary file) rather than asked of `os.access`, which says yes
+    to root on any folder."""
+    if not path.is_dir():
+        return "no such folder" if not path.exists() else "not a folder"
+    try:
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as e:
+        return f"cannot be written ({e.strerror or e})"
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--official", help="path of a checkout of the official code")
     parser.add_argument("--skip-full", action="store_true",
                         help="leave out the 0.25 deg compiles (recorded as not measured)")
-    parser.add_argument("--timeout", type=float, default=3600.0,
+    parser.add_argument("--timeout", type=_positive, default=3600.0,
                         help="seconds for each measurement's process")
     parser.add_argument("--repeats", type=int, default=5, help="timed calls per step time")
     parser.add_argument("--output-dir", type=Path, default=RESULTS)
@@ -551,19 +579,30 @@ def main() -> int:
     parser.add_argument("--report-only", action="store_true",
                         help="rewrite the .md from the .json of an earlier run")
     parser.add_argument("--child", help=argparse.SUPPRESS)
-    args = parser.parse_args()
-
-    if args.report_only:
-        for path in sorted(args.output_dir.glob("official-*.json")):
-            record = json.loads(path.read_text())
-            if record.get("benchmark") == "official_side_by_side":  # not the forecast's
-                _write(path.with_suffix(".md"), markdown(record))
-        return 0
+    args = parser.parse_args(argv)
 
     if args.child:
         request = json.loads(args.child)
         kind = request.pop("kind")
         print(json.dumps(CHILDREN[kind](**request)), flush=True)
+        return 0
+    # Before any measurement: a folder that cannot take the files is said now, not after
+    # hours of compiles.
+    why = _writable_folder(args.output_dir)
+    if why:
+        parser.error(f"--output-dir {args.output_dir}: {why}; an existing folder that can be "
+                     "written is allowed")
+
+    if args.report_only:
+        written = 0
+        for path in sorted(args.output_dir.glob("official-*.json")):
+            record = json.loads(path.read_text())
+            if record.get("benchmark") == "official_side_by_side":  # not the forecast's
+                _write(path.with_suffix(".md"), markdown(record))
+                written += 1
+        if not written:
+            parser.error(f"--report-only: no official-<backend>.json of this benchmark in "
+                         f"{args.output_dir}")
         return 0
     if not args.official or not (Path(args.official) / "graphcast" / "graphcast.py").is_file():
         parser.error("--official must name a checkout of google-deepmind/graphcast")
@@ -584,6 +623,12 @@ def main() -> int:
         record["remeasured"] = [r for r in record.get("remeasured", []) if r["what"] != what]
         record["remeasured"].append({"what": what, "provenance": again})
     precisions = (args.only_memory,) if args.only_memory else ("f32", "bf16")
+    measured = []  # this run's results (not the rows an --only-memory run keeps)
+
+    def measure(*args, **kwargs) -> dict:
+        measured.append(run_child(*args, **kwargs))
+        return measured[-1]
+
     with tempfile.TemporaryDirectory(prefix="gclab-official-bench-") as cache:
         env = {**os.environ, "GCLAB_CACHE_DIR": cache,
                "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
@@ -596,7 +641,7 @@ def main() -> int:
                     if name == FULL and args.skip_full:
                         row[side] = {"status": "not measured", "reason": "--skip-full"}
                     else:
-                        row[side] = run_child(official, "memory", args.timeout, env,
+                        row[side] = measure(official, "memory", args.timeout, env,
                                               side=side, name=name, precision=precision)
                     print(name, precision, side, json.dumps(row[side]), flush=True)
                 if row["official"]["status"] == "ok" and row["gclab"]["status"] == "ok":
@@ -606,13 +651,13 @@ def main() -> int:
         order = {name: i for i, name in enumerate(CONFIGS)}
         record["memory"].sort(key=lambda r: (order[r["config"]], r["precision"] != "f32"))
         if args.only_memory:
-            return _save(record, args.output_dir, jax.default_backend())
+            return _save(record, args.output_dir, jax.default_backend(), measured)
 
         record["step_time"] = []
         for precision in TIME_PRECISIONS:
             row = {"config": TIME_CONFIG, "label": describe(TIME_CONFIG),
                    "precision": precision,
-                   **run_child(official, "time", args.timeout, env, name=TIME_CONFIG,
+                   **measure(official, "time", args.timeout, env, name=TIME_CONFIG,
                                precision=precision, repeats=args.repeats)}
             if row["status"] == "ok":
                 med = row["median_seconds"]
@@ -624,7 +669,7 @@ def main() -> int:
         gb = {"resolution": res, "mesh_splits": splits,
               "label": f"{res:g} deg / {splits} splits"}
         for side in ("official", "gclab"):
-            gb[side] = run_child(official, "graph", args.timeout, env, side=side,
+            gb[side] = measure(official, "graph", args.timeout, env, side=side,
                                  resolution=res, splits=splits)
             print("graph build", side, json.dumps(gb[side]), flush=True)
         o, g = gb["official"], gb["gclab"]
@@ -635,11 +680,18 @@ def main() -> int:
                 g["peak_rss_bytes"] - g["rss_after_imports_bytes"],
                 o["peak_rss_bytes"] - o["rss_after_imports_bytes"])
         record["graph_build"] = gb
-    return _save(record, args.output_dir, jax.default_backend())
+    return _save(record, args.output_dir, jax.default_backend(), measured)
 
 
-def _save(record: dict, output_dir: Path, backend: str) -> int:
-    output_dir.mkdir(parents=True, exist_ok=True)
+def _save(record: dict, output_dir: Path, backend: str, measured: list) -> int:
+    if not any(r["status"] == "ok" for r in measured):
+        # The recorded comparison stays what it was; this run is kept beside it.
+        path = output_dir / f"official-{backend}-failed.json"
+        _write(path, json.dumps(record, indent=1) + "\n")
+        first = measured[0]["reason"] if measured else "no measurement ran"
+        print(f"official_side_by_side.py: nothing was measured (first: {first}); wrote {path}, "
+              f"official-{backend}.json is kept", file=sys.stderr)
+        return 1
     _write(output_dir / f"official-{backend}.json", json.dumps(record, indent=1) + "\n")
     text = markdown(record)
     _write(output_dir / f"official-{backend}.md", text)

@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fresh_clone import kept_rows  # noqa: E402
 
 from gclab.config import get_preset  # noqa: E402
-from gclab.files import write_text_atomic  # noqa: E402
+from gclab.files import OutputPathError, check_writable_folder, write_text_atomic  # noqa: E402
 from gclab.measure import format_bytes, machine  # noqa: E402
 from gclab.memory import get_recipe  # noqa: E402
 from gclab.parallel import ParallelConfig, parse_parallel_spec  # noqa: E402
@@ -158,6 +158,18 @@ def annotate(path: Path) -> None:
     print(f"annotated {path} and {path.with_suffix('.md')}")
 
 
+def writable_folder(folder: Path) -> Path:
+    """Checks that `folder` is, or can become, a folder files can be written in: itself
+    where it exists, else the nearest folder above it that does."""
+    if folder.exists() and not folder.is_dir():
+        raise OutputPathError(folder, "exists and is not a folder")
+    existing = next(p for p in (folder, *folder.parents) if p.exists())
+    if not existing.is_dir():
+        raise OutputPathError(folder, f"{existing} is not a folder")
+    check_writable_folder(existing, folder)
+    return folder
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--presets", default="graphcast-small,graphcast")
@@ -170,20 +182,47 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=RESULTS,
                     help="folder of the results (default benchmarks/results)")
     args = ap.parse_args(argv)
+    # Every option is checked before anything compiles: a typo in the last preset must not
+    # cost the compiles of the first.
     for kind in args.layouts.split(","):
         if kind not in LAYOUTS:
             ap.error(f"--layouts {args.layouts}: each one of {', '.join(LAYOUTS)}")
     if args.annotate:
+        if not Path(args.annotate).is_file():
+            ap.error(f"--annotate {args.annotate}: no such file; name a recorded "
+                     "parallel-memory-*.json")
         annotate(Path(args.annotate))
         return 0
+    presets, recipes = args.presets.split(","), args.recipes.split(",")
+    try:
+        for name in presets:
+            get_preset(name)
+    except ValueError as e:
+        ap.error(f"--presets: {e}")
+    try:
+        for name in recipes:
+            get_recipe(name)
+    except ValueError as e:
+        ap.error(f"--recipes: {e}")
+    try:
+        device_counts = [int(d) for d in args.devices.split(",")]
+    except ValueError:
+        device_counts = []
+    if not device_counts or any(not 1 <= d <= MAX_DEVICES for d in device_counts):
+        ap.error(f"--devices {args.devices}: comma-separated device counts from 1 to "
+                 f"{MAX_DEVICES} (the simulated CPU devices)")
+    try:
+        writable_folder(args.out)
+    except OutputPathError as e:
+        ap.error(f"--out: {e}")
     hw = hardware()
     args.out.mkdir(parents=True, exist_ok=True)
-    for preset_name in args.presets.split(","):
+    for preset_name in presets:
         preset = get_preset(preset_name)
         rows: list = []
-        for recipe in args.recipes.split(","):
+        for recipe in recipes:
             done = set()
-            for devices in (int(d) for d in args.devices.split(",")):
+            for devices in device_counts:
                 for kind in args.layouts.split(","):
                     layout, batch = layout_of(kind, devices)
                     if devices == 1:

@@ -75,23 +75,58 @@ def run(stages: int, preset: str, microbatches: int, shared: bool) -> dict:
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
     out = subprocess.run([sys.executable, "-c", _CHILD, str(stages), preset, str(microbatches),
                           "shared" if shared else "unshared"],
-                         check=True, capture_output=True, text=True, env=env, cwd=ROOT)
+                         capture_output=True, text=True, env=env, cwd=ROOT)
+    if out.returncode != 0:  # the child's own error, not the script it ran
+        last = (out.stderr or out.stdout).strip().splitlines() or [f"exit {out.returncode}"]
+        print(f"pipeline_compile.py: P={stages} {'shared' if shared else 'unshared'} failed: "
+              f"{last[-1]}", file=sys.stderr)
+        raise SystemExit(1)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def main() -> None:
+def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[int]:
+    """The options as gclab allows them (its preset names, its pipeline specs), checked
+    before any child starts; the numbers of stages."""
+    from gclab.config import ConfigError, get_preset
+    from gclab.parallel import parse_parallel_spec
+    from gclab.parallel.config import spec_error
+
+    try:
+        get_preset(args.preset)
+    except ValueError as e:
+        parser.error(f"--preset: {e}")
+    for option, value in (("--microbatches", args.microbatches), ("--repeats", args.repeats)):
+        if value < 1:
+            parser.error(f"{option} {value} is invalid: an integer >= 1")
+    try:
+        stages = [int(s) for s in args.stages.split(",")]
+    except ValueError:
+        stages = [0]
+    if any(s < 1 for s in stages):
+        parser.error(f"--stages {args.stages!r} is invalid: comma-separated integers >= 1")
+    for n in stages:
+        spec = f"pipeline:{n},microbatches:{args.microbatches}"
+        try:
+            parse_parallel_spec(spec)
+        except ConfigError as e:
+            parser.error(f"--stages/--microbatches: {spec_error(spec, e)}")
+    return stages
+
+
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="cpu-8x128")
-    parser.add_argument("--stages", default="2,4,8")
+    parser.add_argument("--stages", default="2,4,8", help="comma-separated numbers of stages")
     parser.add_argument("--microbatches", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    stage_counts = _check(parser, args)
 
     from gclab.measure import machine
 
     hardware = machine()
     rows = []
-    for stages in map(int, args.stages.split(",")):
+    for stages in stage_counts:
         runs = {True: [], False: []}
         for _ in range(args.repeats):  # alternating: a slow spell hits both ways
             for shared in (True, False):

@@ -15,10 +15,14 @@ figure is one number for all stages, next to the planner's prediction of it
 steps after a warm-up, next to the time predicted with this CPU's calibrated speed
 (`gclab/recordings/planner-calibration-cpu.json`) for P devices of its speed each and for
 all P devices' work on the one CPU, which is what the simulated devices do. Writes
-`benchmarks/results/pipeline-<backend>.json` and `.md` with the hardware and date.
+`benchmarks/results/pipeline-<backend>.json` and `.md` with the hardware and date, or
+`--out FILE.json` and the `.md` beside it; a run adds its rows to an existing record,
+replacing only the rows of the (preset, stages) it computed again, so a run of a few stage
+counts leaves the others as they were.
 
     python benchmarks/pipeline_memory.py                  # cpu-8x128, P = 2 and 4, M = 4
-    python benchmarks/pipeline_memory.py --preset cpu-4x32 --stages 2 --fraction 0.95
+    python benchmarks/pipeline_memory.py --preset cpu-4x32 --stages 2 --fraction 0.95 \
+        --out /tmp/pipeline.json
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ MAX_DEVICES = 4
 jax.config.update("jax_num_cpu_devices", MAX_DEVICES)
 
 from gclab.config import get_preset  # noqa: E402
+from gclab.files import OutputPathError, check_output_path, write_text_atomic  # noqa: E402
 from gclab.geometry.graphs import graphs_for  # noqa: E402
 from gclab.measure import machine  # noqa: E402
 from gclab.measure.timing import median_seconds  # noqa: E402
@@ -60,9 +65,29 @@ def hardware() -> dict:
     return machine(simulated_devices=jax.device_count())
 
 
+def _key(row: dict, preset: str) -> tuple:
+    """What a row measures: (preset, stages); rows recorded before rows named their preset
+    are of the record's `preset`."""
+    return row.get("preset", preset), row["stages"]
+
+
+def merged(rows: list, old: dict) -> list:
+    """`rows` with `old`'s rows whose (preset, stages) this run did not compute, in
+    (preset, stages) order: a run of a few stage counts adds to the record instead of
+    replacing it. Rows recorded before rows named their preset and date get their file's."""
+    preset = old.get("args", {}).get("preset")
+    date = old.get("hardware", {}).get("date")
+    mine = {_key(r, preset) for r in rows}
+    kept = [{"preset": preset, "date": date, **r} for r in old.get("rows", [])
+            if _key(r, preset) not in mine]
+    return sorted(rows + kept, key=lambda r: (r["preset"], r["stages"]))
+
+
 def markdown(record: dict) -> str:
     hw, a, cal = record["hardware"], record["args"], record["cpu_calibration"]
-    lines = [f"Pipeline stages of `{a['preset']}` (M = {a['microbatches']} micro-batches of "
+    presets = sorted({r.get("preset", a["preset"]) for r in record["rows"]}) or [a["preset"]]
+    names = ", ".join(f"`{p}`" for p in presets)
+    lines = [f"Pipeline stages of {names} (M = {a['microbatches']} micro-batches of "
              f"{a['microbatch']} sample(s), no other memory technique), compiled on "
              f"{hw['backend']} ({hw['cpu_count']} cores, {hw['simulated_devices']} simulated "
              f"devices), jax {hw['jax']}, {hw['date']}, load average "
@@ -83,22 +108,28 @@ def markdown(record: dict) -> str:
              f"{a['repeats']} steps after a warm-up, all P simulated devices sharing "
              f"{hw['cpu_count']} cores: every device computes at every tick (idle ticks "
              "too, their results discarded), so it measures the work of the whole SPMD "
-             "program on one CPU, not the step time of P devices.", "",
-             "| P | choice | budget / stage | steps | checkpointed | memory per stage "
+             "program on one CPU, not the step time of P devices. A choice over its "
+             "budget is marked *over budget*.", "",
+             "| preset | P | choice | budget / stage | steps | checkpointed | memory per stage "
              "(compiled) | predicted / compiled max | recomputed GFLOP / step | bubble | "
              "predicted step (H100) | SPMD per device (compiled / predicted) | predicted "
              "step (CPU, P devices / one CPU) | measured step (simulated devices) |",
-             "|---:|---|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "|---|---:|---|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in record["rows"]:
+        first = f"| {r.get('preset', a['preset'])} | {r['stages']} |"
         for name in ("uniform", "milp"):
             c = r[name]
             if c is None:
-                lines.append(f"| {r['stages']} | {name} | {r['budget'] / MiB:.1f} MiB | "
+                lines.append(f"{first} {name} | {r['budget'] / MiB:.1f} MiB | "
                              "nothing fits | | | | | | | | | |")
                 continue
             mem = " / ".join(f"{m / MiB:.1f}" for m in c["compiled"])
+            label = "one ratio" if name == "uniform" else "per stage (MILP)"
+            # The planner's fallback where nothing fits the budget: shown, but not as a fit.
+            if not c.get("fits", True):
+                label += " (*over budget*)"
             lines.append(
-                f"| {r['stages']} | {'one ratio' if name == 'uniform' else 'per stage (MILP)'}"
+                f"{first} {label}"
                 f" | {r['budget'] / MiB:.1f} MiB | {'/'.join(map(str, c['stage_steps']))} | "
                 f"{'/'.join(map(str, c['stage_remat']))} | {mem} MiB | "
                 f"{max(c['memory_bytes']) / max(c['compiled']):.2f} | "
@@ -118,7 +149,7 @@ def cpu_costs(costs: StageCosts, flops: dict, seconds_per_flop: float) -> StageC
                                link_seconds=0.0)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="cpu-8x128")
     parser.add_argument("--stages", default="2,4")
@@ -127,8 +158,40 @@ def main() -> None:
                         help="per-stage budget: this fraction of the largest stage of the "
                         "even split without remat")
     parser.add_argument("--repeats", type=int, default=5, help="timed steps per choice")
-    args = parser.parse_args()
-    preset = get_preset(args.preset)
+    parser.add_argument("--out", type=Path, default=None,
+                        help="the record to write (default benchmarks/results/"
+                             "pipeline-<backend>.json); the .md goes beside it")
+    args = parser.parse_args(argv)
+    # Every option is checked before anything compiles: a bad one costs nothing.
+    try:
+        preset = get_preset(args.preset)
+    except ValueError as e:
+        parser.error(f"--preset: {e}")
+    top = min(MAX_DEVICES, preset.model.processor_steps)
+    try:
+        stages = [int(p) for p in args.stages.split(",")]
+    except ValueError:
+        stages = []
+    if not stages or any(not 2 <= p <= top for p in stages):
+        parser.error(f"--stages {args.stages}: comma-separated stage counts from 2 to {top} "
+                     f"({MAX_DEVICES} simulated devices, {preset.model.processor_steps} "
+                     f"processor steps in {args.preset})")
+    if not 0 < args.fraction <= 1:
+        parser.error(f"--fraction {args.fraction:g}: must be > 0 and <= 1")
+    for name in ("microbatches", "repeats"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} {getattr(args, name)}: must be at least 1")
+    out = args.out or RESULTS / f"pipeline-{jax.default_backend()}.json"
+    try:
+        for path in (out, out.with_suffix(".md")):
+            check_output_path(path, (".json",) if path == out else None)
+        old = json.loads(out.read_text()) if out.is_file() else {"rows": []}
+        if not isinstance(old, dict) or not isinstance(old.get("rows"), list):
+            raise ValueError("has no list of rows")
+    except OutputPathError as e:
+        parser.error(f"--out: {e}")
+    except ValueError as e:
+        parser.error(f"--out {out}: not a pipeline record ({e}); name another file")
     model, task = preset.model, preset.task
     memory, M, b = MemoryConfig(), args.microbatches, 1
     speed = CARD_SPEEDS[REFERENCE_CARD]
@@ -138,7 +201,7 @@ def main() -> None:
     counts = GraphCounts.for_model(model, graphs.grid2mesh.num_edges)
     flops = stage_flops(model, task, counts, b)
     rows = []
-    for P in (int(p) for p in args.stages.split(",")):
+    for P in stages:
         costs = fit_stage_costs(model, task, memory, M, b, speed.f32_flops,
                                 speed.link_bytes_per_s, graphs, P)
         on_cpu = cpu_costs(costs, flops, calibration.seconds_per_flop)
@@ -148,8 +211,8 @@ def main() -> None:
         layout = ParallelConfig(pipeline=P, microbatches=M)
         choice = plan_pipeline(model, task, memory, layout, M * b, budget, speed.f32_flops,
                                speed.link_bytes_per_s, graphs, costs=costs)
-        row = {"stages": P, "budget": budget, "costs": choice.costs.__dict__,
-               "extra_bytes": choice.extra_bytes}
+        row = {"preset": args.preset, "date": hw["date"], "stages": P, "budget": budget,
+               "costs": choice.costs.__dict__, "extra_bytes": choice.extra_bytes}
         for name, c, compiled in (("uniform", choice.uniform, choice.compiled_uniform),
                                   ("milp", choice.milp, choice.compiled_milp)):
             if c is None:
@@ -185,14 +248,10 @@ def main() -> None:
     record = {"hardware": hw, "load_average_1min_end": round(os.getloadavg()[0], 2),
               "speeds_of": REFERENCE_CARD,
               "cpu_calibration": calibration.to_dict(),
-              "args": {**vars(args), "microbatch": b}, "rows": rows}
-    RESULTS.mkdir(exist_ok=True)
-    out = RESULTS / f"pipeline-{hw['backend']}.json"
-    for path, text in ((out, json.dumps(record, indent=2) + "\n"),
-                       (out.with_suffix(".md"), markdown(record))):
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text(text)
-        tmp.replace(path)
+              "args": {**vars(args), "out": str(out), "microbatch": b},
+              "rows": merged(rows, old)}
+    write_text_atomic(out, json.dumps(record, indent=2) + "\n")
+    write_text_atomic(out.with_suffix(".md"), markdown(record))
     print(markdown(record))
 
 

@@ -167,7 +167,10 @@ def main(argv=None) -> int:
     name = calibration_name(present_device())
     out = RESULTS / f"{name}.json"
     if args.refit:
-        record = json.loads(out.read_text())
+        if not out.exists():
+            parser.error(f"--refit: no recorded {out.name} for this device; run without "
+                         f"--refit first")
+        record = finish(json.loads(out.read_text()))
     else:
         rows, skipped = [], []
         for i, preset_name in enumerate(presets):
@@ -177,14 +180,22 @@ def main(argv=None) -> int:
             rows += timed
             skipped += left_out
         record = {"hardware": hardware(), "measurements": rows, "skipped": skipped}
-        write_text_atomic(out, json.dumps(record, indent=1))  # kept even if the fit fails
+        # The measurements are kept even if the fit fails, but never over a fitted record:
+        # beside it, where one is there already.
+        kept = out if not out.exists() else out.with_name(f"{name}-failed.json")
+        measured = json.dumps(record, indent=1)
         if len(rows) < 3:
+            write_text_atomic(kept, measured)
             print(f"planner_calibration.py: error: --presets {args.presets}: {len(rows)} "
                   f"candidate(s) fit this device's memory and were timed; the fit needs at "
-                  f"least 3 (choose smaller presets); measurements kept in {out}",
+                  f"least 3 (choose smaller presets); measurements kept in {kept}",
                   file=sys.stderr)
             return 2
-    record = finish(record)
+        try:
+            record = finish(record)
+        except Exception:
+            write_text_atomic(kept, measured)
+            raise
     text = json.dumps(record, indent=1)
     write_text_atomic(out, text)
     write_text_atomic(SHIPPED / f"{name}.json", text)
