@@ -3,7 +3,9 @@
 `memory_recipes.py` records every figure in one go (about 10 minutes on 2 CPU cores); a
 lent accelerator is held for minutes, so this script runs the same measurements in stages,
 most wanted first, and rewrites ``memory-<backend>.json`` and ``.md`` after each stage, so
-that a run cut short keeps what it finished. A stage is started only while the budget
+that a run cut short keeps what it finished; an earlier record at that path (unless it is
+the one merged) is first moved beside it, to ``memory-<backend>.previous.json`` and ``.md``,
+so that such a run cannot replace it. A stage is started only while the budget
 lasts. The file has the layout of ``memory-cpu.json`` (the README and the chapters read
 both), plus ``claim_live`` and ``stages``.
 
@@ -44,10 +46,12 @@ import sys  # noqa: E402
 import time  # noqa: E402
 import traceback  # noqa: E402
 from pathlib import Path  # noqa: E402
+from typing import Optional  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from record_gpu import XLA_REMAT  # noqa: E402 - XLA's report of its remat pass, one pattern
+# XLA's report of its remat pass (one pattern), and the earlier record set aside.
+from record_gpu import XLA_REMAT, set_aside  # noqa: E402
 
 STAGES = ("claim", "claim-live", "recipes-f32", "recipes-bf16", "layer-norm", "step-time")
 PRESETS = ("graphcast-small", "graphcast")
@@ -156,17 +160,25 @@ def claim_live(repeats: int = 3, timeout: float = 400.0) -> dict:
             "step_seconds": (r.result or {}).get("step_seconds"), "steps": repeats}
 
 
-def write(path: Path, record: dict) -> None:
-    """The record, its targets checked again, and its .md; the record into the package too
-    where it is the results folder's (the chapters read it from there, `gclab.recordings`)."""
+def render(record: dict) -> tuple:
+    """(JSON, Markdown) of the record, its targets checked again."""
+    import memory_recipes as mr
+
+    record["targets"] = mr.targets(record["recipes"], record["rollout"], record["step_time"])
+    return json.dumps(record, indent=1, default=str), markdown(record)
+
+
+def write(path: Path, record: dict, rendered: Optional[tuple] = None) -> None:
+    """The record, its targets checked again, and its .md (`rendered`, where already made);
+    the record into the package too where it is the results folder's (the chapters read it
+    from there, `gclab.recordings`)."""
     import memory_recipes as mr
 
     from gclab.files import write_text_atomic
 
-    record["targets"] = mr.targets(record["recipes"], record["rollout"], record["step_time"])
-    text = json.dumps(record, indent=1, default=str)
+    text, md = rendered or render(record)
     write_text_atomic(path, text)
-    write_text_atomic(path.with_suffix(".md"), markdown(record))
+    write_text_atomic(path.with_suffix(".md"), md)
     if path.parent.resolve() == mr.RESULTS.resolve():
         write_text_atomic(mr.SHIPPED.parent / path.name, text)
 
@@ -190,14 +202,18 @@ def report(path: Path, log_path) -> int:
         log = log_path.read_text(errors="replace") if log_path else ""
     except OSError as e:
         return fail(f"--log {log_path}: cannot be read ({e.strerror})")
-    if log_path:
-        found = xla_remat_reports(log)
-        for r in record.get("recipes", []):
-            key = (r["preset"], r["precision"], r["recipe"])
-            r.pop("xla_remat", None)
-            if key in found:
-                r["xla_remat"] = found[key]
-    write(path, record)
+    try:  # made in full before anything is written: a record of another shape stays as it was
+        if log_path:
+            found = xla_remat_reports(log)
+            for r in record.get("recipes", []):
+                key = (r["preset"], r["precision"], r["recipe"])
+                r.pop("xla_remat", None)
+                if key in found:
+                    r["xla_remat"] = found[key]
+        rendered = render(record)
+    except (KeyError, TypeError, AttributeError, ValueError, IndexError) as e:
+        return fail(f"--report {path}: not a record of this script ({e!r})")
+    write(path, record, rendered)
     print(f"wrote {path} and {path.with_suffix('.md')}")
     return 0
 
@@ -264,7 +280,13 @@ def main(argv=None) -> int:
         record.update({k: v for k, v in earlier.items() if k not in ("hardware", "targets")})
         record["hardware_earlier"] = earlier["hardware"]
 
+    # Set aside once, at this run's first save: later ones rewrite its own file. A record
+    # merged from the same path is carried whole into this one, so nothing needs keeping.
+    earlier = [] if not args.merge or args.merge.resolve() != path.resolve() else [None]
+
     def save():
+        if not earlier:
+            earlier.append(set_aside(path, "memory_device.py", ".md"))
         write(path, record)
 
     def recipes(precision):

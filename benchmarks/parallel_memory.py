@@ -148,13 +148,32 @@ def predicted(row: dict) -> float:
                              CARD_SPEEDS[REFERENCE_CARD], graph_counts(row["preset"]))
 
 
-def annotate(path: Path) -> None:
-    record = json.loads(path.read_text())
-    for row in record["rows"]:
-        row["predicted_seconds"] = predicted(row)
-    record["predicted_with"] = REFERENCE_CARD
-    write_text_atomic(path, json.dumps(record, indent=2) + "\n")
-    write_text_atomic(path.with_suffix(".md"), markdown(record["rows"], record["hardware"]))
+def annotated(path: Path) -> tuple[str, str]:
+    """(JSON, Markdown) of the record at `path` with its rows' predicted step times, made in
+    full before anything is written.
+
+    Raises:
+      ValueError: `path` cannot be read, or is not a record of this script (the message
+        says why).
+    """
+    try:
+        record = json.loads(path.read_text())
+        if not isinstance(record["rows"], list):
+            raise TypeError("its rows are not a list")
+        for row in record["rows"]:
+            row["predicted_seconds"] = predicted(row)
+        record["predicted_with"] = REFERENCE_CARD
+        return json.dumps(record, indent=2) + "\n", markdown(record["rows"], record["hardware"])
+    except OSError as e:
+        raise ValueError(f"cannot be read ({e.strerror})") from None
+    except (ValueError, KeyError, TypeError, AttributeError, ZeroDivisionError) as e:
+        raise ValueError(f"not a parallel-memory record of this script ({e!r})") from None
+
+
+def annotate(path: Path, rendered: tuple[str, str] | None = None) -> None:
+    text, md = rendered or annotated(path)
+    write_text_atomic(path, text)
+    write_text_atomic(path.with_suffix(".md"), md)
     print(f"annotated {path} and {path.with_suffix('.md')}")
 
 
@@ -191,7 +210,11 @@ def main(argv: list[str] | None = None) -> int:
         if not Path(args.annotate).is_file():
             ap.error(f"--annotate {args.annotate}: no such file; name a recorded "
                      "parallel-memory-*.json")
-        annotate(Path(args.annotate))
+        try:
+            rendered = annotated(Path(args.annotate))
+        except ValueError as e:
+            ap.error(f"--annotate {args.annotate}: {e}")
+        annotate(Path(args.annotate), rendered)
         return 0
     presets, recipes = args.presets.split(","), args.recipes.split(",")
     try:

@@ -8,7 +8,9 @@ because XLA:GPU autotunes a program as it compiles it, on buffers drawn from JAX
 which keeps every byte it took: on an H100, compiling the 0.25 deg step of recipe `none`
 left this process holding 59 GiB, and the next two measurements were refused. The work is
 cut into parts that each finish within 10 minutes on an 80 GB card; each part writes one
-recording (hardware, date, jax version, gclab commit inside) into
+recording (hardware, date, jax version, gclab commit inside), saved after every
+configuration (an earlier recording at that path is first moved to ``<name>.previous.json``
+beside it, so that a run cut short cannot replace it), into
 `gclab.recordings.output_dir()`: ``$GCLAB_RECORDINGS``, else the repository's
 ``gclab-recordings`` (whatever the working directory), which the chapters read
 (`gclab.notebook.recorded`) from ``book/``.
@@ -93,6 +95,32 @@ PARTS = (
 def fail(message: str) -> int:
     print(f"record_gpu.py: error: {message}", file=sys.stderr)
     return 2
+
+
+def set_aside(path: Path, prog: str, *companions: str) -> Optional[Path]:
+    """Moves a file already at `path` (and its companions, the same name with these
+    suffixes) to the first free ``<stem>.previous[-N]<suffix>`` beside it, and says so in
+    one line on stderr; returns where it went, or None where `path` held nothing.
+
+    A run saves its rows after each configuration, so that a lease that ends keeps them;
+    called before its first save, this keeps an earlier recording at the same path from
+    being replaced by a run cut short."""
+    if not os.path.lexists(path):
+        return None
+    suffixes = (path.suffix, *[s for s in companions if s != path.suffix])
+    n = 1
+    while True:
+        stem = f"{path.stem}.previous" + ("" if n == 1 else f"-{n}")
+        if not any(os.path.lexists(path.with_name(stem + s)) for s in suffixes):
+            break
+        n += 1
+    for suffix in suffixes:
+        if os.path.lexists(path.with_suffix(suffix)):
+            path.with_suffix(suffix).rename(path.with_name(stem + suffix))
+    moved = path.with_name(stem + path.suffix)
+    print(f"{prog}: moved the earlier {path} to {moved}, so that this run does not replace it",
+          file=sys.stderr, flush=True)
+    return moved
 
 
 def commit() -> str:
@@ -336,7 +364,11 @@ def main(argv: Optional[list] = None) -> int:
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
     path = out / f"gpu-{scale.name}-{part.name}.json"
 
+    earlier = []  # set aside once, at this run's first save: later ones rewrite its own file
+
     def save(recording: dict, complete: bool = False) -> None:
+        if not earlier:
+            earlier.append(set_aside(path, "record_gpu.py"))
         write_text_atomic(path, json.dumps({**head, **recording, "complete": complete},
                                            indent=1, default=str))
 
@@ -359,6 +391,10 @@ def report(recording_path: Optional[Path], log_path: Optional[Path]) -> int:
                     f"and a run's output ({type(e).__name__})")
     if not isinstance(recording, dict) or not isinstance(recording.get("rows"), list):
         return fail(f"--report {recording_path}: not a recording of this script (no rows)")
+    if not all(isinstance(row, dict) and isinstance(row.get("label"), str)
+               for row in recording["rows"]):
+        return fail(f"--report {recording_path}: not a recording of this script (a row is not "
+                    "an object with a label)")
     marked = mark_xla_remat(recording, log)
     from gclab.files import write_text_atomic
 

@@ -132,6 +132,8 @@ def gpu_chapters_block() -> str:
     recording shipped in ``gclab/recordings``."""
     lines = []
     for path in sorted((ROOT / "gclab" / "recordings").glob("gpu-*.json")):
+        if ".previous" in path.name:  # an earlier recording a later run set aside (record_gpu)
+            continue
         record = json.loads(path.read_text())
         hw = record["hardware"]
         if lines:

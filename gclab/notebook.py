@@ -113,7 +113,10 @@ class Scale:
 
     A `Scale` compares equal to its name (``SCALE == "16GB"``) and to its family
     (``SCALE == "gpu"``), and its ``repr`` is the quoted name, so chapters can branch on it
-    like a string; ``str(scale)`` and `describe` spell out the sizes.
+    like a string; ``str(scale)`` and `describe` spell out the sizes. Only ``==`` (and
+    ``in`` a list or tuple) compares so: a set or dict looks a scale up by its name's hash,
+    so ``SCALE in {"gpu", "big"}`` is False for every scale, and a name in other capitals
+    is not found; write ``SCALE in ("gpu", "big")``.
 
     Attributes:
       name: the device class (``cpu``, ``16GB``, ``24GB``, ``40GB``, ``80GB``, ``141GB``).

@@ -148,6 +148,25 @@ def test_parallel_memory_bad_options_are_refused_before_any_compile(tmp_path, ar
     assert list(tmp_path.iterdir()) == [tmp_path / "stub.py"]
 
 
+@pytest.mark.parametrize("text, said", [
+    ("{not json", "JSONDecodeError"),
+    ("[1, 2]", "TypeError"),
+    ('{"rows": [1]}', "TypeError"),
+    ('{"rows": {}}', "its rows are not a list"),
+    ('{"rows": [{"preset": "graphcast-small"}]}', "KeyError('hardware')"),
+])
+def test_parallel_memory_annotate_of_a_wrong_file_is_one_line(tmp_path, text, said):
+    """A file that is not a record of this script is refused in one line naming the option,
+    and is left as it was (it gave a traceback)."""
+    bad = tmp_path / "parallel-memory-cpu-1deg.json"
+    bad.write_text(text)
+    r = _stub(tmp_path, PARALLEL_STUB, "--annotate", str(bad))
+    line = _refused(r, f"--annotate {bad}: not a parallel-memory record")
+    assert said in line
+    assert bad.read_text() == text
+    assert sorted(p.name for p in tmp_path.iterdir()) == [bad.name, "stub.py"]
+
+
 # cluster_plans.py: a planner run says so on stdout.
 CLUSTER_STUB = """
 import sys

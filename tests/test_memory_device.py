@@ -91,3 +91,61 @@ def test_xla_remat_warnings_belong_to_the_next_row():
         ("graphcast", "f32", "none"): {"limit_bytes": 103680246851,
                                         "reduced_to_bytes": 253084522848,
                                         "from_bytes": 277697300132}}
+
+
+def _memory_device():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import memory_device
+        import memory_recipes
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    return memory_device, memory_recipes
+
+
+def test_a_run_cut_short_keeps_the_earlier_record_beside_its_own(tmp_path, monkeypatch,
+                                                                 capsys):
+    """Without --merge a run starts from an empty record and saves after every stage: one
+    cut short after its first stage must not cost the complete record of an earlier run at
+    the same path. That record and its .md are set aside once, byte for byte; the new files
+    hold what this run finished."""
+    import jax
+
+    memory_device, mr = _memory_device()
+    path = tmp_path / "memory-gpu.json"
+    path.write_text('{"complete": "earlier record"}')
+    path.with_suffix(".md").write_text("earlier table\n")
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    monkeypatch.setattr(mr, "hardware", lambda: {
+        "backend": "gpu", "device": "Stub GPU", "platform": "stub", "cpu_count": 2,
+        "jax": "0.0", "gclab": "0.0", "date": "2030-01-01T00:00"})
+    monkeypatch.setattr(mr, "layer_norm_errors", lambda: [])
+
+    def step_times(preset):
+        raise KeyboardInterrupt  # the lease ends
+
+    monkeypatch.setattr(mr, "step_times", step_times)
+    with pytest.raises(KeyboardInterrupt):
+        memory_device.main(["--stages", "layer-norm,step-time", "--out", str(tmp_path)])
+    assert (tmp_path / "memory-gpu.previous.json").read_text() == '{"complete": "earlier record"}'
+    assert (tmp_path / "memory-gpu.previous.md").read_text() == "earlier table\n"
+    record = json.loads(path.read_text())
+    assert list(record["stages"]) == ["layer-norm"]
+    assert record["stages"]["layer-norm"]["status"] == "done"
+    assert "Stub GPU" in path.with_suffix(".md").read_text()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "memory-gpu.json", "memory-gpu.md", "memory-gpu.previous.json", "memory-gpu.previous.md"]
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"memory_device.py: moved the earlier {path} to {tmp_path / 'memory-gpu.previous.json'}"
+        ", so that this run does not replace it"]
+
+
+def test_a_report_of_a_record_without_its_rollout_gets_one_line(tmp_path):
+    bad = tmp_path / "memory-gpu.json"
+    text = json.dumps({"hardware": {"device": "GPU", "jax": "0"}, "recipes": []})
+    bad.write_text(text)
+    r = _run("--report", str(bad))
+    assert r.returncode == 2 and r.stderr.strip() == (
+        f"memory_device.py: error: --report {bad}: not a record of this script "
+        "(KeyError('rollout'))")
+    assert bad.read_text() == text and not bad.with_suffix(".md").exists()

@@ -221,3 +221,53 @@ def test_report_marks_the_rows_of_a_run_from_its_output(tmp_path):
     assert r.returncode == 2 and r.stderr.strip() == (
         f"record_gpu.py: error: cannot read {tmp_path / 'missing.json'}: No such file or "
         "directory")
+
+
+def test_a_run_cut_short_keeps_the_earlier_recording_beside_its_own(tmp_path, monkeypatch,
+                                                                    capsys):
+    """A lease that ends after the first configuration must not cost the complete recording
+    of an earlier run at the same path: it is set aside once, byte for byte, under a name
+    that replaces nothing, and the new file holds the rows this run measured."""
+    import jax
+
+    import gclab.notebook
+
+    record_gpu = _record_gpu()
+    scale = gclab.notebook.scale_named("80GB")
+    path = tmp_path / f"gpu-{scale.name}-{record_gpu.PARTS[0].name}.json"
+    earlier = json.dumps({"rows": [{"label": "a"}, {"label": "b"}], "complete": True})
+    path.write_text(earlier)
+    (tmp_path / f"{path.stem}.previous.json").write_text("older still")
+
+    def record_part(part, scale, dry_run, save=None, **kwargs):
+        save({"part": part.name, "scale": scale.name, "rows": [{"label": "a"}]})
+        save({"part": part.name, "scale": scale.name, "rows": [{"label": "a"}, {"label": "c"}]})
+        raise KeyboardInterrupt  # the lease ends
+
+    monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+    monkeypatch.setattr(gclab.notebook, "choose_scale", lambda: scale)
+    monkeypatch.setattr(record_gpu, "hardware", lambda: {"device": "stub"})
+    monkeypatch.setattr(record_gpu, "record_part", record_part)
+    with pytest.raises(KeyboardInterrupt):
+        record_gpu.main(["--part", "1", "--out", str(tmp_path)])
+    moved = tmp_path / f"{path.stem}.previous-2.json"
+    assert moved.read_text() == earlier
+    assert (tmp_path / f"{path.stem}.previous.json").read_text() == "older still"
+    new = json.loads(path.read_text())
+    assert new["complete"] is False and [r["label"] for r in new["rows"]] == ["a", "c"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [path.name, moved.name, f"{path.stem}.previous.json"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"record_gpu.py: moved the earlier {path} to {moved}, so that this run does "
+                   "not replace it"]
+
+
+@pytest.mark.parametrize("recording", [{"rows": [1]}, {"rows": [{"status": "no label"}]}])
+def test_report_of_rows_of_another_shape_is_one_line(tmp_path, recording):
+    (tmp_path / "r.json").write_text(json.dumps(recording))
+    (tmp_path / "run.log").write_text(f"{REMAT_LINE}\n  none: needs 236.70 GiB\n")
+    r = _run("--report", str(tmp_path / "r.json"), "--log", str(tmp_path / "run.log"))
+    assert r.returncode == 2 and r.stderr.strip() == (
+        f"record_gpu.py: error: --report {tmp_path / 'r.json'}: not a recording of this script "
+        "(a row is not an object with a label)")
+    assert json.loads((tmp_path / "r.json").read_text()) == recording
