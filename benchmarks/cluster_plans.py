@@ -41,6 +41,7 @@ jax.config.update("jax_num_cpu_devices", MAX_DEVICES)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fresh_clone import commit, kept_rows  # noqa: E402
+from options import named  # noqa: E402
 
 from gclab.config import get_preset  # noqa: E402
 from gclab.files import OutputPathError, check_output_path, write_text_atomic  # noqa: E402
@@ -123,15 +124,11 @@ def main(argv: list[str] | None = None) -> int:
     for c in clusters:
         if c not in CLUSTERS:
             parser.error(f"--clusters: {c!r} is not one of {', '.join(CLUSTERS)}")
-    precisions, recipes = args.precisions.split(","), args.recipes.split(",")
+    precisions = args.precisions.split(",")
     for p in precisions:
         if p not in PRECISIONS:
             parser.error(f"--precisions: {p!r} is not one of {', '.join(PRECISIONS)}")
-    try:
-        for r in recipes:
-            get_recipe(r)
-    except ValueError as e:
-        parser.error(f"--recipes: {e}")
+    recipes = named(parser, "--recipes", args.recipes, get_recipe)
     batches = args.batches.split(",")
     for b in batches:
         if b != "devices" and not (b.isdigit() and int(b) >= 1):

@@ -41,6 +41,7 @@ jax.config.update("jax_num_cpu_devices", MAX_DEVICES)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fresh_clone import kept_rows  # noqa: E402
+from options import integers, named  # noqa: E402
 
 from gclab.config import get_preset  # noqa: E402
 from gclab.files import OutputPathError, check_writable_folder, write_text_atomic  # noqa: E402
@@ -216,24 +217,10 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--annotate {args.annotate}: {e}")
         annotate(Path(args.annotate), rendered)
         return 0
-    presets, recipes = args.presets.split(","), args.recipes.split(",")
-    try:
-        for name in presets:
-            get_preset(name)
-    except ValueError as e:
-        ap.error(f"--presets: {e}")
-    try:
-        for name in recipes:
-            get_recipe(name)
-    except ValueError as e:
-        ap.error(f"--recipes: {e}")
-    try:
-        device_counts = [int(d) for d in args.devices.split(",")]
-    except ValueError:
-        device_counts = []
-    if not device_counts or any(not 1 <= d <= MAX_DEVICES for d in device_counts):
-        ap.error(f"--devices {args.devices}: comma-separated device counts from 1 to "
-                 f"{MAX_DEVICES} (the simulated CPU devices)")
+    presets = named(ap, "--presets", args.presets, get_preset)
+    recipes = named(ap, "--recipes", args.recipes, get_recipe)
+    device_counts = integers(ap, "--devices", args.devices, 1, MAX_DEVICES, "device counts",
+                             "the simulated CPU devices")
     try:
         writable_folder(args.out)
     except OutputPathError as e:

@@ -38,6 +38,8 @@ import jax
 MAX_DEVICES = 4
 jax.config.update("jax_num_cpu_devices", MAX_DEVICES)
 
+from options import integers  # noqa: E402  (benchmarks/, beside this script)
+
 from gclab.config import get_preset  # noqa: E402
 from gclab.files import OutputPathError, check_output_path, write_text_atomic  # noqa: E402
 from gclab.geometry.graphs import graphs_for  # noqa: E402
@@ -168,14 +170,9 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError as e:
         parser.error(f"--preset: {e}")
     top = min(MAX_DEVICES, preset.model.processor_steps)
-    try:
-        stages = [int(p) for p in args.stages.split(",")]
-    except ValueError:
-        stages = []
-    if not stages or any(not 2 <= p <= top for p in stages):
-        parser.error(f"--stages {args.stages}: comma-separated stage counts from 2 to {top} "
-                     f"({MAX_DEVICES} simulated devices, {preset.model.processor_steps} "
-                     f"processor steps in {args.preset})")
+    stages = integers(parser, "--stages", args.stages, 2, top, "stage counts",
+                      f"{MAX_DEVICES} simulated devices, {preset.model.processor_steps} "
+                      f"processor steps in {args.preset}")
     if not 0 < args.fraction <= 1:
         parser.error(f"--fraction {args.fraction:g}: must be > 0 and <= 1")
     for name in ("microbatches", "repeats"):
