@@ -41,10 +41,10 @@ jax.config.update("jax_num_cpu_devices", MAX_DEVICES)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fresh_clone import commit, kept_rows  # noqa: E402
-from options import named  # noqa: E402
+from options import named, record_to_extend  # noqa: E402
 
 from gclab.config import get_preset  # noqa: E402
-from gclab.files import OutputPathError, check_output_path, write_text_atomic  # noqa: E402
+from gclab.files import write_text_atomic  # noqa: E402
 from gclab.measure import format_bytes, machine  # noqa: E402
 from gclab.memory.config import PRECISIONS, get_recipe  # noqa: E402
 from gclab.sizing.layout_plan import plan_layout  # noqa: E402
@@ -83,11 +83,6 @@ def plan_row(cluster: str, preset: str, batch: int, precision: str,
 
 def _key(row: dict) -> tuple:
     return row["cluster"], row["preset"], row["batch"], row["precision"]
-
-
-def recorded(path: Path) -> dict:
-    """The record at `path`, or one without rows where there is none."""
-    return json.loads(path.read_text()) if path.is_file() else {"rows": []}
 
 
 def merged(rows: list, preset: str, old: dict) -> list:
@@ -135,16 +130,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"--batches: {b!r} is neither a number of at least 1 nor 'devices'")
     # The shipped copy is the results folder's record, written only with it.
     outputs = OUTPUTS if args.out.resolve() == OUTPUTS[0].resolve() else (args.out,)
-    try:
-        for out in outputs:
-            check_output_path(out, (".json",))
-        old = recorded(args.out)
-        if not isinstance(old, dict) or not isinstance(old.get("rows"), list):
-            raise ValueError("it has no list of rows")
-    except OutputPathError as e:
-        parser.error(f"--out: {e}")
-    except ValueError as e:
-        parser.error(f"--out {args.out}: not a record of plans ({e}); name another file")
+    old = record_to_extend(parser, args.out, outputs, "a record of plans")
     others = sorted({r["preset"] for r in old["rows"]} - {args.preset})
     if others:
         parser.exit(2, f"{parser.prog}: error: --preset {args.preset}: {args.out} records "

@@ -26,6 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fresh_clone import commit  # noqa: E402
+from options import child_output  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results" / "graph_build.json"
@@ -73,12 +74,9 @@ def _run_child(resolution: float, splits: int, cache_dir: str) -> dict:
     out = subprocess.run(
         [sys.executable, "-c", _CHILD, str(resolution), str(splits), cache_dir],
         capture_output=True, text=True, env=env, cwd=str(ROOT))
-    if out.returncode != 0:
-        last = (out.stderr or out.stdout).strip().splitlines() or [f"exit {out.returncode}"]
-        print(f"graph_build.py: the build at {resolution:g} deg / {splits} splits failed: "
-              f"{last[-1]}", file=sys.stderr)
-        raise SystemExit(1)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    stdout = child_output(out, "graph_build.py",
+                          f"the build at {resolution:g} deg / {splits} splits")
+    return json.loads(stdout.strip().splitlines()[-1])
 
 
 def _check_geometry(parser: argparse.ArgumentParser, resolution: float, splits: int) -> None:
@@ -93,16 +91,19 @@ def _check_geometry(parser: argparse.ArgumentParser, resolution: float, splits: 
 
 
 def _check_writable(parser: argparse.ArgumentParser, output: Path) -> None:
-    """`output`'s folder made (as the write would) and written to once, before any build:
-    a folder that cannot be written is said in one line, not after minutes of building."""
-    if output.is_dir():
-        parser.error(f"--output {output} is a folder: a file path is allowed")
+    """`output`'s folder made (as the write would), and the file then checked as every
+    output of gclab is (`gclab.files.check_output_path`), before any build: one line, not
+    a failure after minutes of building."""
+    from gclab.files import OutputPathError, check_output_path
+
     try:
         output.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=output.parent):
-            pass
     except OSError as e:
         parser.error(f"--output {output}: its folder cannot be written ({e.strerror or e})")
+    try:
+        check_output_path(output)
+    except OutputPathError as e:
+        parser.error(f"--output {e}")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -550,17 +550,16 @@ def _positive(text: str) -> float:
 
 
 def _writable_folder(path: Path) -> str | None:
-    """Why `path` is not an existing folder this process can write in; None where it is.
+    """Why `path` is not an existing folder this process can write in; None where it is
+    (written to once, by `gclab.files.check_writable_folder`)."""
+    from gclab.files import OutputPathError, check_writable_folder
 
-    Written to once (a temporary file) rather than asked of `os.access`, which says yes
-    to root on any folder."""
     if not path.is_dir():
         return "no such folder" if not path.exists() else "not a folder"
     try:
-        with tempfile.TemporaryFile(dir=path):
-            pass
-    except OSError as e:
-        return f"cannot be written ({e.strerror or e})"
+        check_writable_folder(path)
+    except OutputPathError as e:
+        return e.reason
     return None
 
 

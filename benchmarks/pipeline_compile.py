@@ -27,6 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from fresh_clone import ROOT, commit  # noqa: E402
+from options import child_output, named  # noqa: E402
 
 from gclab.files import write_text_atomic  # noqa: E402
 
@@ -76,12 +77,9 @@ def run(stages: int, preset: str, microbatches: int, shared: bool) -> dict:
     out = subprocess.run([sys.executable, "-c", _CHILD, str(stages), preset, str(microbatches),
                           "shared" if shared else "unshared"],
                          capture_output=True, text=True, env=env, cwd=ROOT)
-    if out.returncode != 0:  # the child's own error, not the script it ran
-        last = (out.stderr or out.stdout).strip().splitlines() or [f"exit {out.returncode}"]
-        print(f"pipeline_compile.py: P={stages} {'shared' if shared else 'unshared'} failed: "
-              f"{last[-1]}", file=sys.stderr)
-        raise SystemExit(1)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    stdout = child_output(out, "pipeline_compile.py",
+                          f"P={stages} {'shared' if shared else 'unshared'}")
+    return json.loads(stdout.strip().splitlines()[-1])
 
 
 def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[int]:
@@ -91,10 +89,7 @@ def _check(parser: argparse.ArgumentParser, args: argparse.Namespace) -> list[in
     from gclab.parallel import parse_parallel_spec
     from gclab.parallel.config import spec_error
 
-    try:
-        get_preset(args.preset)
-    except ValueError as e:
-        parser.error(f"--preset: {e}")
+    named(parser, "--preset", args.preset, get_preset)
     for option, value in (("--microbatches", args.microbatches), ("--repeats", args.repeats)):
         if value < 1:
             parser.error(f"{option} {value} is invalid: an integer >= 1")

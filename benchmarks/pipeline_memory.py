@@ -38,10 +38,10 @@ import jax
 MAX_DEVICES = 4
 jax.config.update("jax_num_cpu_devices", MAX_DEVICES)
 
-from options import integers  # noqa: E402  (benchmarks/, beside this script)
+from options import integers, record_to_extend  # noqa: E402  (benchmarks/, beside this script)
 
 from gclab.config import get_preset  # noqa: E402
-from gclab.files import OutputPathError, check_output_path, write_text_atomic  # noqa: E402
+from gclab.files import write_text_atomic  # noqa: E402
 from gclab.geometry.graphs import graphs_for  # noqa: E402
 from gclab.measure import machine  # noqa: E402
 from gclab.measure.timing import median_seconds  # noqa: E402
@@ -179,16 +179,7 @@ def main(argv: list[str] | None = None) -> None:
         if getattr(args, name) < 1:
             parser.error(f"--{name} {getattr(args, name)}: must be at least 1")
     out = args.out or RESULTS / f"pipeline-{jax.default_backend()}.json"
-    try:
-        for path in (out, out.with_suffix(".md")):
-            check_output_path(path, (".json",) if path == out else None)
-        old = json.loads(out.read_text()) if out.is_file() else {"rows": []}
-        if not isinstance(old, dict) or not isinstance(old.get("rows"), list):
-            raise ValueError("has no list of rows")
-    except OutputPathError as e:
-        parser.error(f"--out: {e}")
-    except ValueError as e:
-        parser.error(f"--out {out}: not a pipeline record ({e}); name another file")
+    old = record_to_extend(parser, out, (out, out.with_suffix(".md")), "a pipeline record")
     model, task = preset.model, preset.task
     memory, M, b = MemoryConfig(), args.microbatches, 1
     speed = CARD_SPEEDS[REFERENCE_CARD]

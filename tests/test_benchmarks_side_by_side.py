@@ -6,6 +6,7 @@ measurements are stand-ins."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import subprocess
@@ -161,16 +162,21 @@ def test_graph_build_bad_geometry_is_refused_in_one_line(tmp_path, args, line):
     assert not (tmp_path / "x.json").exists()
 
 
+def _forbidding(monkeypatch, module: str, function: str, what: str):
+    """The benchmark `module`, its `function` failing the test if `what` starts."""
+    loaded = importlib.import_module(module)
+
+    def never(*args):
+        raise AssertionError(f"{what} started")
+
+    monkeypatch.setattr(loaded, function, never)
+    return loaded
+
+
 @pytest.fixture
 def graph_build(benchmarks, monkeypatch):
     """The module, with no build allowed to start."""
-    import graph_build as gb
-
-    def never(*args):
-        raise AssertionError("a build started")
-
-    monkeypatch.setattr(gb, "_run_child", never)
-    return gb
+    return _forbidding(monkeypatch, "graph_build", "_run_child", "a build")
 
 
 def test_graph_build_other_geometry_needs_its_own_output(graph_build, capsys):
@@ -218,13 +224,7 @@ def test_graph_build_failed_child_is_said_in_its_own_words(benchmarks, monkeypat
 @pytest.fixture
 def pipeline_compile(benchmarks, monkeypatch):
     """The module, with no compile allowed to start."""
-    import pipeline_compile as pc
-
-    def never(*args):
-        raise AssertionError("a compile started")
-
-    monkeypatch.setattr(pc, "run", never)
-    return pc
+    return _forbidding(monkeypatch, "pipeline_compile", "run", "a compile")
 
 
 @pytest.mark.parametrize("args, line", [
