@@ -2,7 +2,9 @@
 
 The slow work (compiles, kernels, fresh clones, the official model) is replaced by stubs;
 every file is written under `tmp_path`. Scripts that set JAX's simulated device count when
-imported (`cluster_plans.py`, `parallel_memory.py`) run in a fresh process.
+imported (`cluster_plans.py`, `parallel_memory.py`, `pipeline_memory.py`) run in a fresh
+process, whose stubs say on stdout when slow work is reached: a bad option is refused in one
+line before any of it.
 """
 
 import json
@@ -45,12 +47,23 @@ def _stamps(folder: Path) -> dict:
     return {p.name: p.stat().st_mtime_ns for p in folder.iterdir()}
 
 
-# cluster_plans.py: one planner run replaced by a row that names the run.
+def _refused(r: subprocess.CompletedProcess, option: str) -> str:
+    """The error line of a run refused at parse time; asserts nothing ran."""
+    assert r.returncode == 2, r.stderr
+    assert r.stdout == "" and "Traceback" not in r.stderr
+    line = r.stderr.strip().splitlines()[-1]
+    assert line.startswith(f"stub.py: error: {option}"), line
+    return line
+
+
+# cluster_plans.py: one planner run replaced by a row that names the run (and says so on
+# stdout).
 CLUSTER_STUB = """
 import sys
 import cluster_plans as cp
 
 def plan_row(cluster, preset, batch, precision, recipes):
+    print("planned", cluster, batch, precision, flush=True)
     devices, card = cp.CLUSTERS[cluster]
     return {"cluster": cluster, "devices": devices, "card": card, "preset": preset,
             "batch": batch, "precision": precision, "recipes": recipes, "fits": False,
@@ -169,7 +182,40 @@ def test_chapter_profile_named_run_writes_beside_the_books(chapter_profile, monk
     assert record["xla_flags"] == "--xla_cpu_use_fusion_emitters=false"
 
 
-# parallel_memory.py: each compile replaced by fixed figures; FAIL_AT makes one raise.
+@pytest.mark.parametrize("args, option, said", [
+    (["--batches", "x"], "--batches", "'x'"),
+    (["--batches", "0"], "--batches", "'0'"),
+    (["--precisions", "f64"], "--precisions", "'f64'"),
+    (["--precisions", "f32,f64"], "--precisions", "'f64'"),
+    (["--recipes", "leen"], "--recipes", "'leen'"),
+    (["--out", "/proc/x/y.json"], "--out", "/proc/x"),
+    (["--out", "{rows}"], "--out", "no list of rows"),
+])
+def test_cluster_plans_bad_options_are_refused_before_any_plan(tmp_path, args, option, said):
+    out = tmp_path / "plans.json"
+    out.write_text('{"hardware": {}}')
+    args = [str(out) if a == "{rows}" else a for a in args]
+    if "--out" not in args:
+        args += ["--out", str(out)]
+    r = _stub(tmp_path, CLUSTER_STUB, "--clusters", "8xA100-40GB", *args)
+    assert said in _refused(r, option)
+    assert out.read_text() == '{"hardware": {}}'
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plans.json", "stub.py"]
+
+
+def test_cluster_plans_unknown_preset_is_named_as_such(tmp_path):
+    """With the default record (which holds another preset's rows), the unknown preset is
+    what the line names; nothing is written."""
+    record = RESULTS / "cluster-plans-cpu.json"
+    before = record.stat().st_mtime_ns
+    r = _stub(tmp_path, CLUSTER_STUB, "--preset", "graphcst")
+    line = _refused(r, "--preset")
+    assert "unknown preset 'graphcst'" in line and "write another preset" not in line
+    assert record.stat().st_mtime_ns == before
+
+
+# parallel_memory.py: each compile replaced by fixed figures (and said on stdout); FAIL_AT
+# makes one raise.
 PARALLEL_STUB = """
 import os, sys, types
 from pathlib import Path
@@ -178,6 +224,7 @@ import parallel_memory as pm
 calls = []
 
 def compile_train_step(spec):
+    print("compiled", spec.parallel.spec, flush=True)
     calls.append(spec)
     if len(calls) == int(os.environ.get("FAIL_AT", "0")):
         raise RuntimeError("stub: compile failed")
@@ -243,6 +290,111 @@ def test_parallel_memory_run_of_some_layouts_keeps_the_other_rows(tmp_path):
     assert rows[1]["date"] == "2026-01-02T03:04:05+00:00"
     assert rows[3]["date"] == rows[4]["date"] != rows[1]["date"]
     assert "| 4 |" in path.with_suffix(".md").read_text()
+
+
+@pytest.mark.parametrize("args, option", [
+    (["--presets", "graphcst"], "--presets"),
+    (["--presets", "graphcast-small,typo"], "--presets"),
+    (["--recipes", "leen"], "--recipes"),
+    (["--devices", "x"], "--devices x"),
+    (["--devices", "0"], "--devices 0"),
+    (["--devices", "1,16"], "--devices 1,16"),
+    (["--annotate", "/nope.json"], "--annotate /nope.json"),
+    (["--out", "/proc/x"], "--out"),
+])
+def test_parallel_memory_bad_options_are_refused_before_any_compile(tmp_path, args, option):
+    r = _stub(tmp_path, PARALLEL_STUB, "--out", str(tmp_path / "results"), *args)
+    line = _refused(r, option)
+    if option == "--presets":
+        assert "typo" in line or "graphcst" in line
+    assert list(tmp_path.iterdir()) == [tmp_path / "stub.py"]
+
+
+@pytest.mark.parametrize("text, said", [
+    ("{not json", "JSONDecodeError"),
+    ("[1, 2]", "TypeError"),
+    ('{"rows": [1]}', "TypeError"),
+    ('{"rows": {}}', "its rows are not a list"),
+    ('{"rows": [{"preset": "graphcast-small"}]}', "KeyError('hardware')"),
+])
+def test_parallel_memory_annotate_of_a_wrong_file_is_one_line(tmp_path, text, said):
+    """A file that is not a record of this script is refused in one line naming the option,
+    and is left as it was (it gave a traceback)."""
+    bad = tmp_path / "parallel-memory-cpu-1deg.json"
+    bad.write_text(text)
+    r = _stub(tmp_path, PARALLEL_STUB, "--annotate", str(bad))
+    line = _refused(r, f"--annotate {bad}: not a parallel-memory record")
+    assert said in line
+    assert bad.read_text() == text
+    assert sorted(p.name for p in tmp_path.iterdir()) == [bad.name, "stub.py"]
+
+
+# pipeline_memory.py: the planner's work replaced by a choice where nothing fits.
+PIPELINE_STUB = """
+import sys, types
+from pathlib import Path
+import pipeline_memory as pm
+
+hw = {"backend": "cpu", "date": "2030-01-01T00:00:00+00:00", "cpu_count": 2,
+      "simulated_devices": 4, "jax": "stub", "load_average_1min": 0.0}
+pm.RESULTS = Path("results")
+pm.hardware = lambda: dict(hw)
+pm.load_calibration = lambda backend: types.SimpleNamespace(
+    seconds_per_flop=1e-9, seconds_per_held_byte=0.0, overhead_seconds=0.0,
+    to_dict=lambda: {"name": "stub", "source": "stub"})
+pm.graphs_for = lambda model: types.SimpleNamespace(
+    grid2mesh=types.SimpleNamespace(num_edges=1))
+pm.GraphCounts = types.SimpleNamespace(for_model=lambda *a: None)
+pm.stage_flops = lambda *a: {}
+pm.fit_stage_costs = lambda *a: types.SimpleNamespace()
+pm.cpu_costs = lambda *a: None
+pm.evaluate = lambda *a: types.SimpleNamespace(memory_bytes=[2**20])
+pm.plan_pipeline = lambda *a, **k: types.SimpleNamespace(
+    uniform=None, milp=None, compiled_uniform=None, compiled_milp=None,
+    costs=types.SimpleNamespace(), extra_bytes=0)
+pm.main(sys.argv[1:])
+"""
+
+
+@pytest.mark.parametrize("fraction", ["0", "-0.5", "1.5", "nan"])
+def test_pipeline_memory_fraction_out_of_range_is_refused_before_any_work(tmp_path, fraction):
+    r = _stub(tmp_path, PIPELINE_STUB, "--fraction", fraction)
+    line = _refused(r, f"--fraction {fraction}")
+    assert "> 0 and <= 1" in line
+    assert list(tmp_path.iterdir()) == [tmp_path / "stub.py"]
+
+
+def test_pipeline_memory_run_of_some_stages_keeps_the_other_rows(tmp_path):
+    out = tmp_path / "pipeline.json"
+    shutil.copy(RESULTS / "pipeline-cpu.json", out)
+    before = json.loads(out.read_text())
+    r = _stub(tmp_path, PIPELINE_STUB, "--stages", "2", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(out.read_text())["rows"]
+    assert [(row["preset"], row["stages"]) for row in rows] == [("cpu-8x128", 2),
+                                                                ("cpu-8x128", 4)]
+    assert rows[0]["uniform"] is None and rows[0]["date"] == "2030-01-01T00:00:00+00:00"
+    old4 = next(row for row in before["rows"] if row["stages"] == 4)
+    assert rows[1] == {"preset": "cpu-8x128", "date": before["hardware"]["date"], **old4}
+    assert "| cpu-8x128 | 4 |" in out.with_suffix(".md").read_text()
+    assert not (tmp_path / "results").exists()  # --out: the default record is left alone
+
+
+def test_pipeline_memory_marks_a_choice_over_its_budget(tmp_path):
+    code = """
+    import json
+    import pipeline_memory as pm
+
+    record = json.load(open(pm.RESULTS / "pipeline-cpu.json"))
+    record["rows"][0]["milp"]["fits"] = False
+    lines = [line for line in pm.markdown(record).splitlines() if line.startswith("| cpu")]
+    print(json.dumps(lines))
+    """
+    r = _stub(tmp_path, code)
+    assert r.returncode == 0, r.stderr
+    lines = json.loads(r.stdout)
+    over = [line for line in lines if "over budget" in line]
+    assert len(over) == 1 and "per stage (MILP)" in over[0] and "| 2 |" in over[0]
 
 
 @pytest.fixture
