@@ -999,12 +999,14 @@ def test_numpy_numbers_are_accepted_and_stored_as_python_numbers():
 # ------------------------------------------------------------- 9. end to end, in a process
 
 
+# A process for each way a refusal reaches the user: the option parser's, a ValueError
+# of the work caught by `cli.main`, and the sizing of a step. A refusal of an --out (the
+# parser's) and of a fixture file (a ValueError) are checked here, in this process, case by
+# case (`test_output_paths_are_checked_before_any_work`, `test_unreadable_fixture_files`).
 END_TO_END = [
     (["graph", "--resolution", "inf", "--mesh-splits", "2", "--json"], "--resolution inf"),
     (["graph", "--resolution", HUGE_GRID, "--mesh-splits", "2"], "more than this machine's"),
     (["memory", *TINY, "--latent", "1000000000", "--steps", "1"], "64-bit"),
-    (["sweep", *TINY, "--out", "/nonexistent-gclab/s.json"], "does not exist"),
-    (["reference", str(DATA / "official_tiny.json")], "not an .npz"),
 ]
 
 

@@ -4,7 +4,9 @@ The slow work (compiles, kernels, fresh clones, the official model) is replaced 
 every file is written under `tmp_path`. Scripts that set JAX's simulated device count when
 imported (`cluster_plans.py`, `parallel_memory.py`, `pipeline_memory.py`) run in a fresh
 process, whose stubs say on stdout when slow work is reached: a bad option is refused in one
-line before any of it.
+line before any of it. The refusals of one script share one such process (`_refusals`): each
+is its `main` run in a folder of its own, as a process of its own would run it, and starting
+one process per refusal took about 2 s each (importing JAX and gclab).
 """
 
 import json
@@ -47,8 +49,55 @@ def _stamps(folder: Path) -> dict:
     return {p.name: p.stat().st_mtime_ns for p in folder.iterdir()}
 
 
-def _refused(r: subprocess.CompletedProcess, option: str) -> str:
-    """The error line of a run refused at parse time; asserts nothing ran."""
+# The end of a stub script run as the benchmark is: its `main` on the command line's
+# arguments.
+RUN_MAIN = "sys.exit(main(sys.argv[1:]))\n"
+
+# The end of a stub script that runs `main` once per case: the cases are a JSON file
+# {key: [folder, argv]}, each run in its folder with what it prints caught, as a process of
+# its own would run (its exit status, stdout, stderr, and the files left in its folder).
+RUN_CASES = """
+import contextlib, io, json, os, traceback
+
+ran = {}
+for key, (folder, argv) in json.loads(open(sys.argv[1]).read()).items():
+    os.chdir(folder)
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(argv)
+        except SystemExit as e:
+            code = e.code
+        except Exception:
+            traceback.print_exc()
+            code = 1
+    ran[key] = {"returncode": 0 if code is None else code, "stdout": out.getvalue(),
+                "stderr": err.getvalue(), "files": sorted(os.listdir())}
+with open(sys.argv[2], "w") as f:
+    json.dump(ran, f)
+"""
+
+
+def _refusals(root: Path, stubs: str, cases: dict) -> dict:
+    """Every case of `cases` ({key: setup}) run through the script of `stubs` in one fresh
+    process: `setup(folder)` writes what the case needs into a fresh folder and returns its
+    arguments. Per key: the folder, and the run's `returncode`, `stdout`, `stderr` and `files`
+    (the names left in its folder)."""
+    folders, todo = {}, {}
+    for n, (key, setup) in enumerate(cases.items()):
+        folders[key] = root / f"case{n}"
+        folders[key].mkdir()
+        todo[key] = [str(folders[key]), setup(folders[key])]
+    (root / "cases.json").write_text(json.dumps(todo))
+    r = _stub(root, stubs + RUN_CASES, str(root / "cases.json"), str(root / "ran.json"))
+    assert r.returncode == 0, r.stderr
+    ran = json.loads((root / "ran.json").read_text())
+    return {key: types.SimpleNamespace(folder=folders[key], **ran[key]) for key in cases}
+
+
+def _refused(r: subprocess.CompletedProcess | types.SimpleNamespace, option: str) -> str:
+    """The error line of a run (a process, or a case of `_refusals`) refused at parse time;
+    asserts nothing ran."""
     assert r.returncode == 2, r.stderr
     assert r.stdout == "" and "Traceback" not in r.stderr
     line = r.stderr.strip().splitlines()[-1]
@@ -58,7 +107,7 @@ def _refused(r: subprocess.CompletedProcess, option: str) -> str:
 
 # cluster_plans.py: one planner run replaced by a row that names the run (and says so on
 # stdout).
-CLUSTER_STUB = """
+CLUSTER_STUBS = """
 import sys
 import cluster_plans as cp
 
@@ -71,8 +120,9 @@ def plan_row(cluster, preset, batch, precision, recipes):
             "date": "2030-01-01T00:00:00+00:00", "commit": "stub"}
 
 cp.plan_row = plan_row
-sys.exit(cp.main(sys.argv[1:]))
+main = cp.main
 """
+CLUSTER_STUB = CLUSTER_STUBS + RUN_MAIN
 
 
 def test_cluster_plans_of_one_cluster_keep_the_other_clusters_rows(tmp_path):
@@ -182,7 +232,7 @@ def test_chapter_profile_named_run_writes_beside_the_books(chapter_profile, monk
     assert record["xla_flags"] == "--xla_cpu_use_fusion_emitters=false"
 
 
-@pytest.mark.parametrize("args, option, said", [
+CLUSTER_BAD_OPTIONS = [
     (["--batches", "x"], "--batches", "'x'"),
     (["--batches", "0"], "--batches", "'0'"),
     (["--precisions", "f64"], "--precisions", "'f64'"),
@@ -190,33 +240,56 @@ def test_chapter_profile_named_run_writes_beside_the_books(chapter_profile, monk
     (["--recipes", "leen"], "--recipes", "'leen'"),
     (["--out", "/proc/x/y.json"], "--out", "/proc/x"),
     (["--out", "{rows}"], "--out", "no list of rows"),
-])
-def test_cluster_plans_bad_options_are_refused_before_any_plan(tmp_path, args, option, said):
-    out = tmp_path / "plans.json"
-    out.write_text('{"hardware": {}}')
-    args = [str(out) if a == "{rows}" else a for a in args]
-    if "--out" not in args:
-        args += ["--out", str(out)]
-    r = _stub(tmp_path, CLUSTER_STUB, "--clusters", "8xA100-40GB", *args)
+]
+
+
+@pytest.fixture(scope="module")
+def cluster_refusals(tmp_path_factory):
+    """The runs of `CLUSTER_BAD_OPTIONS` (by `json.dumps(args)`), each beside a plans.json
+    of no rows that it names with --out, and of an unknown preset with the default record
+    ("unknown preset", with the mtime of that record before it as `record_before`)."""
+    def bad_option(args):
+        def setup(folder):
+            out = folder / "plans.json"
+            out.write_text('{"hardware": {}}')
+            args_ = [str(out) if a == "{rows}" else a for a in args]
+            if "--out" not in args_:
+                args_ += ["--out", str(out)]
+            return ["--clusters", "8xA100-40GB", *args_]
+        return setup
+
+    cases = {json.dumps(args): bad_option(args) for args, _, _ in CLUSTER_BAD_OPTIONS}
+    cases["unknown preset"] = lambda folder: ["--preset", "graphcst"]
+    before = (RESULTS / "cluster-plans-cpu.json").stat().st_mtime_ns
+    ran = _refusals(tmp_path_factory.mktemp("cluster-plans"), CLUSTER_STUBS, cases)
+    ran["unknown preset"].record_before = before
+    return ran
+
+
+@pytest.mark.xdist_group("cluster-plans-refusals")
+@pytest.mark.parametrize("args, option, said", CLUSTER_BAD_OPTIONS)
+def test_cluster_plans_bad_options_are_refused_before_any_plan(cluster_refusals, args, option,
+                                                               said):
+    r = cluster_refusals[json.dumps(args)]
     assert said in _refused(r, option)
-    assert out.read_text() == '{"hardware": {}}'
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["plans.json", "stub.py"]
+    assert (r.folder / "plans.json").read_text() == '{"hardware": {}}'
+    assert r.files == ["plans.json"]
 
 
-def test_cluster_plans_unknown_preset_is_named_as_such(tmp_path):
+@pytest.mark.xdist_group("cluster-plans-refusals")
+def test_cluster_plans_unknown_preset_is_named_as_such(cluster_refusals):
     """With the default record (which holds another preset's rows), the unknown preset is
     what the line names; nothing is written."""
-    record = RESULTS / "cluster-plans-cpu.json"
-    before = record.stat().st_mtime_ns
-    r = _stub(tmp_path, CLUSTER_STUB, "--preset", "graphcst")
+    r = cluster_refusals["unknown preset"]
     line = _refused(r, "--preset")
     assert "unknown preset 'graphcst'" in line and "write another preset" not in line
-    assert record.stat().st_mtime_ns == before
+    assert (RESULTS / "cluster-plans-cpu.json").stat().st_mtime_ns == r.record_before
+    assert r.files == []
 
 
 # parallel_memory.py: each compile replaced by fixed figures (and said on stdout); FAIL_AT
 # makes one raise.
-PARALLEL_STUB = """
+PARALLEL_STUBS = """
 import os, sys, types
 from pathlib import Path
 import parallel_memory as pm
@@ -238,22 +311,9 @@ pm.compile_train_step = compile_train_step
 pm.predicted = lambda row: 0.5
 pm.RESULTS = Path("results")
 pm.SHIPPED = Path("shipped")
-sys.exit(pm.main(sys.argv[1:]))
+main = pm.main
 """
-
-
-def test_parallel_memory_writes_the_files_the_readme_reads(tmp_path):
-    (tmp_path / "results").mkdir()
-    (tmp_path / "shipped").mkdir()
-    shipped = tmp_path / "shipped" / "parallel-memory-cpu-1deg.json"
-    shipped.write_text("{}")
-    r = _stub(tmp_path, PARALLEL_STUB, "--presets", "graphcast-small", "--devices", "1,2")
-    assert r.returncode == 0, r.stderr
-    assert sorted(p.name for p in (tmp_path / "results").iterdir()) == [
-        "parallel-memory-cpu-1deg.json", "parallel-memory-cpu-1deg.md"]
-    record = json.loads((tmp_path / "results" / "parallel-memory-cpu-1deg.json").read_text())
-    assert [row["devices"] for row in record["rows"]] == [1, 2, 2, 2]
-    assert json.loads(shipped.read_text()) == record
+PARALLEL_STUB = PARALLEL_STUBS + RUN_MAIN
 
 
 def test_parallel_memory_run_cut_short_leaves_the_old_record(tmp_path):
@@ -271,10 +331,17 @@ def test_parallel_memory_run_cut_short_leaves_the_old_record(tmp_path):
 def test_parallel_memory_run_of_some_layouts_keeps_the_other_rows(tmp_path):
     (tmp_path / "results").mkdir()
     (tmp_path / "shipped").mkdir()
+    shipped = tmp_path / "shipped" / "parallel-memory-cpu-1deg.json"
+    shipped.write_text("{}")
     path = tmp_path / "results" / "parallel-memory-cpu-1deg.json"
     r = _stub(tmp_path, PARALLEL_STUB, "--presets", "graphcast-small", "--devices", "1,2")
     assert r.returncode == 0, r.stderr
+    # The files the README reads, and the shipped copy where the package ships one.
+    assert sorted(p.name for p in (tmp_path / "results").iterdir()) == [
+        "parallel-memory-cpu-1deg.json", "parallel-memory-cpu-1deg.md"]
     first = json.loads(path.read_text())
+    assert [row["devices"] for row in first["rows"]] == [1, 2, 2, 2]
+    assert json.loads(shipped.read_text()) == first
     # A row recorded before rows carried a date takes its file's.
     del first["rows"][1]["date"]
     first["hardware"]["date"] = "2026-01-02T03:04:05+00:00"
@@ -292,7 +359,7 @@ def test_parallel_memory_run_of_some_layouts_keeps_the_other_rows(tmp_path):
     assert "| 4 |" in path.with_suffix(".md").read_text()
 
 
-@pytest.mark.parametrize("args, option", [
+PARALLEL_BAD_OPTIONS = [
     (["--presets", "graphcst"], "--presets"),
     (["--presets", "graphcast-small,typo"], "--presets"),
     (["--recipes", "leen"], "--recipes"),
@@ -301,36 +368,62 @@ def test_parallel_memory_run_of_some_layouts_keeps_the_other_rows(tmp_path):
     (["--devices", "1,16"], "--devices 1,16"),
     (["--annotate", "/nope.json"], "--annotate /nope.json"),
     (["--out", "/proc/x"], "--out"),
-])
-def test_parallel_memory_bad_options_are_refused_before_any_compile(tmp_path, args, option):
-    r = _stub(tmp_path, PARALLEL_STUB, "--out", str(tmp_path / "results"), *args)
-    line = _refused(r, option)
-    if option == "--presets":
-        assert "typo" in line or "graphcst" in line
-    assert list(tmp_path.iterdir()) == [tmp_path / "stub.py"]
-
-
-@pytest.mark.parametrize("text, said", [
+]
+WRONG_RECORDS = [
     ("{not json", "JSONDecodeError"),
     ("[1, 2]", "TypeError"),
     ('{"rows": [1]}', "TypeError"),
     ('{"rows": {}}', "its rows are not a list"),
     ('{"rows": [{"preset": "graphcast-small"}]}', "KeyError('hardware')"),
-])
-def test_parallel_memory_annotate_of_a_wrong_file_is_one_line(tmp_path, text, said):
+]
+
+
+@pytest.fixture(scope="module")
+def parallel_refusals(tmp_path_factory):
+    """The runs of `PARALLEL_BAD_OPTIONS` (by `json.dumps(args)`, each with --out a results
+    folder in its own), and of --annotate of each of `WRONG_RECORDS` (by its text, as
+    parallel-memory-cpu-1deg.json in its folder)."""
+    def bad_option(args):
+        return lambda folder: ["--out", str(folder / "results"), *args]
+
+    def wrong_record(text):
+        def setup(folder):
+            bad = folder / "parallel-memory-cpu-1deg.json"
+            bad.write_text(text)
+            return ["--annotate", str(bad)]
+        return setup
+
+    cases = {json.dumps(args): bad_option(args) for args, _ in PARALLEL_BAD_OPTIONS}
+    cases.update({text: wrong_record(text) for text, _ in WRONG_RECORDS})
+    return _refusals(tmp_path_factory.mktemp("parallel-memory"), PARALLEL_STUBS, cases)
+
+
+@pytest.mark.xdist_group("parallel-memory-refusals")
+@pytest.mark.parametrize("args, option", PARALLEL_BAD_OPTIONS)
+def test_parallel_memory_bad_options_are_refused_before_any_compile(parallel_refusals, args,
+                                                                    option):
+    r = parallel_refusals[json.dumps(args)]
+    line = _refused(r, option)
+    if option == "--presets":
+        assert "typo" in line or "graphcst" in line
+    assert r.files == []
+
+
+@pytest.mark.xdist_group("parallel-memory-refusals")
+@pytest.mark.parametrize("text, said", WRONG_RECORDS)
+def test_parallel_memory_annotate_of_a_wrong_file_is_one_line(parallel_refusals, text, said):
     """A file that is not a record of this script is refused in one line naming the option,
     and is left as it was (it gave a traceback)."""
-    bad = tmp_path / "parallel-memory-cpu-1deg.json"
-    bad.write_text(text)
-    r = _stub(tmp_path, PARALLEL_STUB, "--annotate", str(bad))
+    r = parallel_refusals[text]
+    bad = r.folder / "parallel-memory-cpu-1deg.json"
     line = _refused(r, f"--annotate {bad}: not a parallel-memory record")
     assert said in line
     assert bad.read_text() == text
-    assert sorted(p.name for p in tmp_path.iterdir()) == [bad.name, "stub.py"]
+    assert r.files == [bad.name]
 
 
 # pipeline_memory.py: the planner's work replaced by a choice where nothing fits.
-PIPELINE_STUB = """
+PIPELINE_STUBS = """
 import sys, types
 from pathlib import Path
 import pipeline_memory as pm
@@ -352,16 +445,29 @@ pm.evaluate = lambda *a: types.SimpleNamespace(memory_bytes=[2**20])
 pm.plan_pipeline = lambda *a, **k: types.SimpleNamespace(
     uniform=None, milp=None, compiled_uniform=None, compiled_milp=None,
     costs=types.SimpleNamespace(), extra_bytes=0)
-pm.main(sys.argv[1:])
+main = pm.main
 """
+PIPELINE_STUB = PIPELINE_STUBS + RUN_MAIN
 
 
-@pytest.mark.parametrize("fraction", ["0", "-0.5", "1.5", "nan"])
-def test_pipeline_memory_fraction_out_of_range_is_refused_before_any_work(tmp_path, fraction):
-    r = _stub(tmp_path, PIPELINE_STUB, "--fraction", fraction)
+FRACTIONS = ["0", "-0.5", "1.5", "nan"]
+
+
+@pytest.fixture(scope="module")
+def pipeline_refusals(tmp_path_factory):
+    """The runs of each --fraction of `FRACTIONS`, each in a folder of its own."""
+    cases = {f: (lambda folder, f=f: ["--fraction", f]) for f in FRACTIONS}
+    return _refusals(tmp_path_factory.mktemp("pipeline-memory"), PIPELINE_STUBS, cases)
+
+
+@pytest.mark.xdist_group("pipeline-memory-refusals")
+@pytest.mark.parametrize("fraction", FRACTIONS)
+def test_pipeline_memory_fraction_out_of_range_is_refused_before_any_work(pipeline_refusals,
+                                                                          fraction):
+    r = pipeline_refusals[fraction]
     line = _refused(r, f"--fraction {fraction}")
     assert "> 0 and <= 1" in line
-    assert list(tmp_path.iterdir()) == [tmp_path / "stub.py"]
+    assert r.files == []
 
 
 def test_pipeline_memory_run_of_some_stages_keeps_the_other_rows(tmp_path):

@@ -94,8 +94,6 @@ def test_plan_that_nothing_fits_names_what_a_plan_may_take_of_usable_memory(caps
 @pytest.mark.parametrize("argv, words", [
     (["graph", "--preset", "cpu-4x32", *TINY], "not both"),
     (["graph", "--resolution", "6"], "--mesh-splits"),
-    (["sweep", *TINY, "--latents", "8,x", "--out", "x.json"], "--latents 8,x"),
-    (["memory", *TINY_NET, "--batch", "0"], "--batch"),
 ])
 def test_bad_input_is_one_line_and_exit_2(argv, words, capsys):
     assert cli.main(argv) == 2

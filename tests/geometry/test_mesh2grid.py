@@ -244,7 +244,8 @@ def test_cli_graph_save_checks_the_path_first(tmp_path, monkeypatch, capsys, whe
     def no_build(*args, **kw):
         raise AssertionError("built before checking --save")
 
-    monkeypatch.setattr(graphs_lib, "build_graphs", no_build)
+    # What `gclab graph` builds (or loads) its graphs with, as the CLI module sees it.
+    monkeypatch.setattr(cli, "load_or_build_graphs", no_build)
     path = tmp_path / where
     code = cli.main(["graph", "--resolution", "10", "--mesh-splits", "2", "--save", str(path)])
     err = capsys.readouterr().err

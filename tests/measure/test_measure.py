@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -124,8 +125,12 @@ def test_measure_peak_ok_on_cpu():
     assert result.result == {"nbytes": nbytes, "checksum": 3.0}
     # Input and output of the jitted op are alive together: ~2x, never wildly off.
     assert 1.5 * nbytes <= result.peak_bytes <= 4 * nbytes
-    assert result.peak_rss_bytes >= result.peak_bytes
     assert result.wall_seconds > 0
+    # Its peak resident set is an empty child's (the interpreter and JAX) with the arrays
+    # on top: one read before the arrays exist, or after they are freed, would not be.
+    empty = measure_peak(TARGET, {"nbytes": 4}, timeout=120)
+    assert empty.status == "ok", empty.message
+    assert result.peak_rss_bytes >= empty.peak_rss_bytes + nbytes
 
 
 def test_measure_peak_error_and_oom():
@@ -150,10 +155,22 @@ def test_measure_peak_oom_by_budget():
 # ---------------------------------------------------------------------------- timeline
 
 
+@pytest.fixture(scope="module")
+def toy_timeline():
+    """`toy_timeline(remat)`: the timeline of the gradient of `_toy(remat)`, built once per
+    process for the tests that read it."""
+    @functools.cache
+    def build(remat: bool) -> Timeline:
+        loss, params, x = _toy(remat)
+        return memory_timeline(jax.grad(loss), params, x)
+
+    return build
+
+
 @pytest.mark.parametrize("remat", [False, True])
-def test_timeline_peak_matches_temp_bytes(remat):
+def test_timeline_peak_matches_temp_bytes(remat, toy_timeline):
     loss, params, x = _toy(remat)
-    timeline = memory_timeline(jax.grad(loss), params, x)
+    timeline = toy_timeline(remat)
     # Compiled as a timeline is (XLA:CPU's default fusion emitters, which the tests' own
     # flags turn off elsewhere: tests/conftest.py).
     temp = compile_fn(jax.grad(loss), params, x, compiler_options=TIMELINE_COMPILER_OPTIONS
@@ -179,9 +196,8 @@ def test_timeline_peak_matches_temp_bytes(remat):
 
 
 @pytest.mark.parametrize("remat", [False, True])
-def test_timeline_names_the_buffers_live_at_its_peak(remat):
-    loss, params, x = _toy(remat)
-    timeline = memory_timeline(jax.grad(loss), params, x)
+def test_timeline_names_the_buffers_live_at_its_peak(remat, toy_timeline):
+    timeline = toy_timeline(remat)
     values = timeline.peak_values
     # One row per buffer, largest first, and together they are the peak.
     assert sum(v.bytes for v in values) == timeline.peak_bytes
@@ -254,9 +270,8 @@ def test_timeline_kept_dump_reads_its_own_compile(tmp_path):
         timeline_from_dump(str(flat), f"HloModule {long}, is_scheduled=true\n")
 
 
-def test_timeline_sees_remat_saving():
-    plain = memory_timeline(jax.grad(_toy(False)[0]), *_toy(False)[1:])
-    remat = memory_timeline(jax.grad(_toy(True)[0]), *_toy(True)[1:])
+def test_timeline_sees_remat_saving(toy_timeline):
+    plain, remat = toy_timeline(False), toy_timeline(True)
     assert remat.peak_bytes < 0.75 * plain.peak_bytes
 
 
@@ -670,13 +685,15 @@ def test_plan_only_options_set_what_xla_flags_do_not(monkeypatch):
             else only_level), flags
 
 
-def test_a_step_compiled_to_read_and_one_compiled_to_run_share_one_cache_entry():
+def test_a_step_compiled_to_read_and_one_compiled_to_run_share_one_cache_entry(tmp_path):
     """Under the tests' flags a plan-only step and the same step compiled to run are one
     compile: the second is read from JAX's persistent compilation cache (which every test
-    process uses, tests/conftest.py)."""
+    process uses, tests/conftest.py). The cache here is an empty one of this test's own, so
+    the first compile is written to it, and a hit on the second is the first one's entry."""
     import dataclasses
 
     import jax.monitoring
+    from jax._src import compilation_cache
 
     from gclab.config import PRESETS
     from gclab.sizing import StepSpec, compile_train_step
@@ -684,20 +701,32 @@ def test_a_step_compiled_to_read_and_one_compiled_to_run_share_one_cache_entry()
     preset = PRESETS["cpu-4x32"]
     model = dataclasses.replace(preset.model, latent_size=8, processor_steps=2)
     spec = StepSpec(model, preset.task, MemoryConfig(checkpoint_decoder=True))
-    hits = []
+    events = []
 
     def listen(event, **kwargs):
-        if event == "/jax/compilation_cache/cache_hits":
-            hits.append(event)
+        if event in ("/jax/compilation_cache/compile_requests_use_cache",
+                     "/jax/compilation_cache/cache_hits"):
+            events.append(event.rsplit("/", 1)[1])
 
+    shared = jax.config.jax_compilation_cache_dir
+    jax.config.update("jax_compilation_cache_dir", str(tmp_path))
+    compilation_cache.reset_cache()  # the next compile opens this test's cache
     jax.monitoring.register_event_listener(listen)
     try:
-        planned = compile_train_step(spec)  # read only (or found, if another test ran it)
-        hits.clear()
+        planned = compile_train_step(spec)  # read only
+        first = list(events)
+        events.clear()
         live = compile_train_step(spec, live=True)
     finally:
         jax.monitoring.unregister_event_listener(listen)
-    assert hits, "the step compiled to run was compiled again"
+        jax.config.update("jax_compilation_cache_dir", shared)
+        compilation_cache.reset_cache()
+    # The planned compile missed (its step and the small programs that build its inputs,
+    # whichever this process had not yet compiled); every compile the live one asked of the
+    # cache was found there.
+    assert first and "cache_hits" not in first, "the planned step was not compiled afresh"
+    requests, hits = events.count("compile_requests_use_cache"), events.count("cache_hits")
+    assert hits == requests >= 1, "the step compiled to run was compiled again"
     assert live.memory.temp_bytes == planned.memory.temp_bytes
     live.run()
 

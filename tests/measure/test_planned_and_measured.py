@@ -18,11 +18,19 @@ TASK = TaskConfig.from_levels(13)
 SPECS = {p: StepSpec(TINY, TASK, MemoryConfig(precision=p)) for p in ("f32", "bf16")}
 
 
-def test_on_cpu_the_plan_is_real_and_the_measured_column_says_why_it_is_empty():
+def test_on_cpu_the_plan_is_real_and_the_measured_column_says_why_it_is_empty(monkeypatch):
+    compiled = {}
+
+    def recording(spec):  # XLA's figures, as the helper compiles them
+        compiled[spec] = train_step_memory(spec)
+        return compiled[spec]
+
+    monkeypatch.setattr("gclab.sizing.train_step_memory", recording)
     df = planned_and_measured(SPECS)
     assert list(df.index) == ["f32", "bf16"]
+    assert list(compiled) == list(SPECS.values())
     for label, spec in SPECS.items():
-        m = train_step_memory(spec)
+        m = compiled[spec]
         assert df.loc[label, "plan_bytes"] == m.total_bytes
         assert df.loc[label, "temp_bytes"] == m.temp_bytes
     assert df.loc["bf16", "temp_bytes"] < df.loc["f32", "temp_bytes"]

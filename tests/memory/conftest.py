@@ -1,4 +1,5 @@
-"""What the technique tests share: the compiled temp of one gradient, from shapes alone."""
+"""What the technique tests share: the compiled gradient of one step, from shapes alone,
+compiled once per configuration in a process."""
 
 import functools
 
@@ -24,8 +25,17 @@ def abstract_inputs(cfg: ModelConfig):
     return shapes, inputs
 
 
-def compiled_grad_temp(cfg: ModelConfig, mem: MemoryConfig, compiler_options=None) -> int:
-    """XLA's temp bytes of the gradient of a mean-square loss of `cfg`'s network under `mem`."""
+def compiled_grad(cfg: ModelConfig, mem: MemoryConfig, compiler_options=None):
+    """The compiled gradient of a mean-square loss of `cfg`'s network under `mem`.
+
+    Compiled once per (config, memory, options) in a process: several tests read the same
+    program (its temp bytes, its optimised HLO)."""
+    options = tuple(sorted((compiler_options or {}).items()))
+    return _compiled_grad(cfg, mem, options)
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled_grad(cfg: ModelConfig, mem: MemoryConfig, options: tuple):
     graph, inputs = abstract_inputs(cfg)
     net = make_network(cfg, CHANNELS, OUTPUTS, mem)
     params = jax.eval_shape(net.init, jax.random.PRNGKey(0), graph, inputs)
@@ -34,14 +44,24 @@ def compiled_grad_temp(cfg: ModelConfig, mem: MemoryConfig, compiler_options=Non
         return jnp.mean(net.apply(p, g, x) ** 2)
 
     lowered = jax.jit(jax.grad(loss)).lower(params, graph, inputs)
-    compiled = lowered.compile(compiler_options=compiler_options)
-    return compiled.memory_analysis().temp_size_in_bytes
+    return lowered.compile(compiler_options=dict(options) or None)
+
+
+def compiled_grad_temp(cfg: ModelConfig, mem: MemoryConfig, compiler_options=None) -> int:
+    """XLA's temp bytes of the gradient of a mean-square loss of `cfg`'s network under `mem`."""
+    return compiled_grad(cfg, mem, compiler_options).memory_analysis().temp_size_in_bytes
 
 
 @pytest.fixture(scope="session")
 def grad_temp():
     """`compiled_grad_temp(cfg, mem, compiler_options=None)`, for the tests of this folder."""
     return compiled_grad_temp
+
+
+@pytest.fixture(scope="session")
+def grad_compiled():
+    """`compiled_grad(cfg, mem, compiler_options=None)`: the compiled program itself."""
+    return compiled_grad
 
 
 @pytest.fixture(scope="session")

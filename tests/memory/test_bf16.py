@@ -19,25 +19,25 @@ import pytest
 from gclab.config import ModelConfig
 from gclab.memory import RECIPES, get_recipe
 from gclab.memory.precision import DTYPES, compute_dtype, residuals_as_bits
-from gclab.model import make_network
 from gclab.model.layers import edge_messages, float32_layer_norm, layer_norm, mlp_concat
 
-C, O = 5, 4
 # 10 deg / 2 splits, 4 x 32; the recipes' edge blocks are scaled down to this graph.
 CFG = ModelConfig(resolution=10.0, mesh_splits=2, latent_size=32, processor_steps=4)
 BLOCK = 300
 # bfloat16 compiled temp of every recipe <= this fraction of its float32 temp.
 BF16_TEMP_FRACTION = 0.8
+# Read, never run: LLVM optimisation off (the memory plan is the same).
+READ_ONLY = {"xla_backend_optimization_level": 0}
 
 
+# The "none" programs are compiled once for both tests that read them, in one worker.
+@pytest.mark.xdist_group("bf16-none")
 @pytest.mark.parametrize("recipe", list(RECIPES))
 def test_bfloat16_temp_is_at_most_a_fraction_of_float32(recipe, grad_temp):
     mems = {p: get_recipe(recipe, p) for p in ("f32", "bf16")}
     mems = {p: m.replace(edge_block_size=BLOCK) if m.edge_block_size else m
             for p, m in mems.items()}
-    # Read, never run: LLVM optimisation off (the memory plan is the same).
-    f32, bf16 = (grad_temp(CFG, mems[p], {"xla_backend_optimization_level": 0})
-                 for p in ("f32", "bf16"))
+    f32, bf16 = (grad_temp(CFG, mems[p], READ_ONLY) for p in ("f32", "bf16"))
     assert bf16 <= BF16_TEMP_FRACTION * f32
 
 
@@ -130,22 +130,15 @@ def _f32_concatenations(hlo: str, width: int) -> int:
     return len(re.findall(rf"= f32\[[\d,]*,{width}\]", hlo))
 
 
-def test_bfloat16_steps_keep_no_float32_concatenation_of_edge_latents(shapes_of):
+@pytest.mark.xdist_group("bf16-none")
+def test_bfloat16_steps_keep_no_float32_concatenation_of_edge_latents(grad_compiled):
     """XLA:CPU widens a bfloat16 matmul's operands to float32: a concatenated `[E, B, 3L]`
     operand would be a float32 copy. float32 steps read the concatenation (the official
-    form), which shows the check finds one where there is one."""
-    graph, inputs = shapes_of(CFG)
-    counts = {}
-    for precision in ("f32", "bf16"):
-        net = make_network(CFG, C, O, get_recipe("none", precision))
-        params = jax.eval_shape(net.init, jax.random.PRNGKey(0), graph, inputs)
-
-        def loss(p, g, x, net=net):
-            return jnp.mean(net.apply(p, g, x) ** 2)
-
-        hlo = jax.jit(jax.grad(loss)).lower(params, graph, inputs).compile(
-            compiler_options={"xla_backend_optimization_level": 0}).as_text()
-        counts[precision] = _f32_concatenations(hlo, 3 * CFG.latent_size)
+    form), which shows the check finds one where there is one. (The gradients of a
+    mean-square loss that the temp test above compiles for "none".)"""
+    counts = {p: _f32_concatenations(
+        grad_compiled(CFG, get_recipe("none", p), READ_ONLY).as_text(), 3 * CFG.latent_size)
+        for p in ("f32", "bf16")}
     assert counts["f32"] > 0
     assert counts["bf16"] == 0
 

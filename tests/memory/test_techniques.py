@@ -7,6 +7,8 @@ loss-and-gradient computation, at a small config, lower than the baseline's by t
 factor (deterministic: compiled from shapes, nothing is timed).
 """
 
+import re
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -70,7 +72,6 @@ F32_TECHNIQUES = {
     "remat every 3": MemoryConfig(processor_remat="every", remat_group_size=3),
     "remat nested 2": MemoryConfig(processor_remat="nested", remat_group_size=2),
     "remat ratio 0.4": MemoryConfig(processor_remat="ratio", remat_ratio=0.4),
-    "remat ratio 0": MemoryConfig(processor_remat="ratio", remat_ratio=0.0),
     "policy dots": MemoryConfig(processor_remat="step", remat_policy="dots"),
     "policy aggregated": MemoryConfig(processor_remat="step", remat_policy="aggregated"),
     "policy node-latents": MemoryConfig(processor_remat="step", remat_policy="node-latents"),
@@ -81,16 +82,18 @@ F32_TECHNIQUES = {
     "gather after matmul": MemoryConfig(gather_after_matmul=True),
     "gather after matmul + blocks": MemoryConfig(gather_after_matmul=True, edge_block_size=257,
                                                  processor_edge_blocks=True),
-    "float32 aggregation": MemoryConfig(float32_aggregation=True),
     "recompute layer norm": MemoryConfig(recompute_layer_norm=True),
     "recompute layer norm + remat every 2": MemoryConfig(
         recompute_layer_norm=True, processor_remat="every", remat_group_size=2),
     "stream grid nodes": MemoryConfig(edge_block_size=300, stream_grid_nodes=True),
     "stream grid nodes + gather after matmul": MemoryConfig(
         edge_block_size=211, stream_grid_nodes=True, gather_after_matmul=True),
+    # "none" is the baseline and "per-step" is "remat step": the same programs.
     **{f"recipe {name}": mem.replace(edge_block_size=300 if mem.edge_block_size else None)
-       for name, mem in RECIPES.items() if name != "none"},
+       for name, mem in RECIPES.items() if name not in ("none", "per-step")},
 }
+# float32_aggregation is no case of its own: on float32 messages its cast is no operation,
+# and the program is the baseline's. It acts in bfloat16 (the cases below).
 
 
 @pytest.mark.parametrize("name", sorted(F32_TECHNIQUES))
@@ -117,17 +120,33 @@ def test_results_do_not_depend_on_edge_block_size(block, setup, baseline):
 # the float32 one.
 
 
-@pytest.mark.parametrize("recipe", list(RECIPES))
-def test_bfloat16_within_stated_tolerance(recipe, setup, baseline):
+def bf16_recipe(name: str) -> MemoryConfig:
+    """A recipe in bfloat16, its edge blocks (if any) scaled down to CFG's graph."""
+    mem = get_recipe(name, "bf16")
+    return mem.replace(edge_block_size=300) if mem.edge_block_size else mem
+
+
+BF16_CASES = {
+    **{name: bf16_recipe(name) for name in RECIPES},
+    "none + float32 aggregation": bf16_recipe("none").replace(float32_aggregation=True),
+}
+
+
+@pytest.fixture(scope="module")
+def outputs32(setup):
+    """The float32 baseline's outputs."""
     graph, inputs, _, params = setup
-    mem = get_recipe(recipe, "bf16")
-    if mem.edge_block_size:
-        mem = mem.replace(edge_block_size=300)
-    # Compiled, not run op by op: one compile each instead of one per operation.
-    out32 = jax.jit(make_network(CFG, C, O).apply)(params, graph, inputs)
+    # Compiled, not run op by op: one compile instead of one per operation.
+    return jax.jit(make_network(CFG, C, O).apply)(params, graph, inputs)
+
+
+@pytest.mark.parametrize("name", list(BF16_CASES))
+def test_bfloat16_within_stated_tolerance(name, setup, baseline, outputs32):
+    graph, inputs, _, params = setup
+    mem = BF16_CASES[name]
     out16 = jax.jit(make_network(CFG, C, O, mem).apply)(params, graph, inputs)
     assert out16.dtype == jnp.float32
-    rel = float(jnp.linalg.norm(out16 - out32) / jnp.linalg.norm(out32))
+    rel = float(jnp.linalg.norm(out16 - outputs32) / jnp.linalg.norm(outputs32))
     assert 0 < rel <= BF16.output
     loss, grads = loss_and_grads(mem, setup)
     assert 0 < abs(float(loss) - float(baseline[0])) <= BF16.loss * abs(float(baseline[0]))
@@ -142,6 +161,34 @@ def test_bfloat16_within_stated_tolerance(recipe, setup, baseline):
            if float(jnp.linalg.norm(b)) > 1e-3 * float(jnp.linalg.norm(g32))]
     for a, b in big:
         assert float(jnp.linalg.norm(a - b) / jnp.linalg.norm(b)) <= BF16.grad
+
+
+def message_sums(mem: MemoryConfig, graph, inputs) -> list:
+    """(rows, dtype) of every segment sum (a scatter) of the lowered forward pass of CFG's
+    network under `mem`: rows are the receiving nodes (or a block of them)."""
+    net = make_network(CFG, C, O, mem)
+    params = jax.eval_shape(net.init, jax.random.PRNGKey(0), graph, inputs)
+    text = jax.jit(net.apply).lower(params, graph, inputs).as_text()
+    # [..., N, B, L] results: the dims before the element type.
+    results = re.findall(r'"stablehlo\.scatter".*?\) -> tensor<([\dx]+)x(\w+)>', text, re.S)
+    return [(int(dims.split("x")[-3]), dtype) for dims, dtype in results]
+
+
+@pytest.mark.parametrize("recipe", ["none", "lean"])  # whole and blocked sums
+def test_float32_aggregation_sums_processor_and_decoder_messages_in_float32(recipe,
+                                                                           shapes_of):
+    """In bfloat16 the encoder's sum alone is float32; float32_aggregation makes the
+    processor's (mesh rows) and the decoder's (grid rows) float32 too. Read from the lowered
+    program (no compile)."""
+    graph, inputs = shapes_of(CFG)
+    mesh_rows = graph.mesh_nodes.shape[0]
+    plain, f32 = (message_sums(bf16_recipe(recipe).replace(float32_aggregation=on), graph,
+                               inputs) for on in (False, True))
+    assert [rows for rows, _ in f32] == [rows for rows, _ in plain]
+    assert {dtype for _, dtype in f32} == {"f32"}
+    assert sorted(dtype for _, dtype in plain) == ["bf16"] * (len(plain) - 1) + ["f32"]
+    summed16 = {rows for rows, dtype in plain if dtype == "bf16"}
+    assert mesh_rows in summed16 and summed16 - {mesh_rows}  # processor and decoder
 
 
 # ----------------------------------------------------------------------------------------
@@ -174,6 +221,8 @@ SAVINGS = {
 }
 
 
+# One worker compiles the baseline and the programs the ratio test reads again.
+@pytest.mark.xdist_group("compiled-temp")
 @pytest.mark.parametrize("name", sorted(SAVINGS))
 def test_technique_lowers_compiled_temp(name, grad_temp, baseline_temp):
     mem, factor = SAVINGS[name]
@@ -189,10 +238,13 @@ def test_streaming_grid_nodes_lowers_temp_below_edge_blocks_alone(grad_temp):
     assert streamed <= 0.6 * blocks
 
 
-def test_remat_ratio_is_monotone(grad_temp):
-    temps = [grad_temp(MEM_CFG, MemoryConfig(processor_remat="ratio", remat_ratio=r))
-             for r in (0.0, 0.5, 1.0)]
-    assert temps[0] > temps[1] > temps[2]
+@pytest.mark.xdist_group("compiled-temp")
+def test_remat_ratio_is_monotone(grad_temp, baseline_temp):
+    """Ratios 0, 0.5 and 1: ratio 0 checkpoints no step (the baseline's program) and ratio 1
+    every step (remat step's), compiled once for the savings above."""
+    half = grad_temp(MEM_CFG, MemoryConfig(processor_remat="ratio", remat_ratio=0.5))
+    every = grad_temp(MEM_CFG, MemoryConfig(processor_remat="step"))
+    assert baseline_temp > half > every
 
 
 @pytest.mark.parametrize("stage,field", [("encoder", "checkpoint_encoder"),

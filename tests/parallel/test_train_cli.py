@@ -7,10 +7,14 @@ is fixed when it starts. Runs on one device call `gclab.cli.main` in the test's 
 The processes write every compile to JAX's persistent cache (tests/conftest.py sets its
 directory), not only those over JAX's default second: the tiny model's steps compile in
 less, and the runs of one test compile the same steps again.
+The tests that compare a run with an uninterrupted one on one device share that run
+(`one_device`), and one worker (`xdist_group`), so it is run once.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import logging
 import os
@@ -44,6 +48,24 @@ def here(capsys, *argv: str) -> dict:
     capsys.readouterr()  # what came before
     assert main(list(argv)) == 0, capsys.readouterr().err[-3000:]
     return json.loads(capsys.readouterr().out)
+
+
+# The tests that compare a run with `one_device`: one worker, so that it runs once.
+ONE_DEVICE_GROUP = pytest.mark.xdist_group("one-device-run")
+
+
+@pytest.fixture(scope="module")
+def one_device() -> dict:
+    """`gclab train TINY --train-steps 4 --batch 2 --json` on one device, in this process:
+    its JSON report. Its first two losses are those of the same run of two steps."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        status = main(["train", *TINY, "--train-steps", "4", "--batch", "2", "--json"])
+    assert status == 0, err.getvalue()[-3000:]
+    report = json.loads(out.getvalue())
+    assert (report["processes"], report["devices"]) == (1, 1)
+    assert len(report["losses"]) == 4 and np.all(np.isfinite(report["losses"]))
+    return report
 
 
 def _env(extra_env: dict | None = None) -> dict:
@@ -86,9 +108,8 @@ def test_train_errors_are_one_line_with_exit_status_2(argv, message, capsys):
     assert err.startswith("gclab train: error: ") and message in err and "\n" not in err
 
 
-def test_resumed_run_has_the_losses_of_an_uninterrupted_one(tmp_path, capsys):
-    straight = here(capsys, "train", *TINY, "--train-steps", "4", "--batch", "2", "--json")
-    assert len(straight["losses"]) == 4 and np.all(np.isfinite(straight["losses"]))
+@ONE_DEVICE_GROUP
+def test_resumed_run_has_the_losses_of_an_uninterrupted_one(tmp_path, capsys, one_device):
     ckpt = str(tmp_path / "ckpt")
     first = here(capsys, "train", *TINY, "--train-steps", "2", "--batch", "2", "--checkpoint-dir",
                   ckpt, "--json")
@@ -96,7 +117,7 @@ def test_resumed_run_has_the_losses_of_an_uninterrupted_one(tmp_path, capsys):
     second = here(capsys, "train", *TINY, "--train-steps", "4", "--batch", "2", "--checkpoint-dir",
                    ckpt, "--json")
     assert second["first_step"] == 2 and second["checkpoint_step"] == 4
-    assert first["losses"] + second["losses"] == straight["losses"]
+    assert first["losses"] + second["losses"] == one_device["losses"]
 
 
 def test_resuming_with_another_schedule_or_other_examples_is_refused(tmp_path, capsys):
@@ -322,7 +343,8 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_two_processes_train_like_one_device(capsys):
+@ONE_DEVICE_GROUP
+def test_two_processes_train_like_one_device(one_device):
     """Two processes of two simulated devices each (one layout over all four) train as one
     device does. That a layout in one process of four devices does is checked for every
     layout in tests/parallel/test_layouts.py."""
@@ -338,9 +360,7 @@ def test_two_processes_train_like_one_device(capsys):
     two = report(outs[0][0])
     assert '"losses"' not in outs[1][0]  # only process 0 reports
     assert (two["processes"], two["devices"]) == (2, 4)
-    single = here(capsys, "train", *TINY, "--train-steps", "2", "--batch", "2", "--json")
-    assert (single["processes"], single["devices"]) == (1, 1)
-    np.testing.assert_allclose(two["losses"], single["losses"], rtol=1e-5)
+    np.testing.assert_allclose(two["losses"], one_device["losses"][:2], rtol=1e-5)
 
 
 def test_processes_given_different_options_are_refused():
@@ -393,16 +413,16 @@ def test_plan_over_devices_picks_the_fastest_layout_and_recipe_that_fits():
     assert result["speeds_of"] == "H100"
 
 
-def test_pipeline_trains_like_one_device(capsys):
+@ONE_DEVICE_GROUP
+def test_pipeline_trains_like_one_device(one_device):
     """`gclab train` over a pipeline. (What its stages send, collective permutes in both
     passes, is checked on the compiled pipeline steps of tests/parallel/test_pipeline.py;
     `gclab memory` over a layout in test_memory_reports_per_device_figures_and_collectives.)"""
     pipeline = ["--parallel", "pipeline:2,microbatches:2"]
-    single = here(capsys, "train", *TINY, "--train-steps", "2", "--batch", "2", "--json")
     piped = gclab("train", *TINY, "--train-steps", "2", "--batch", "2", *pipeline, "--json")
     assert (piped["devices"], piped["parallel"]) == (2, "data:1,spatial:1,pipeline:2,"
                                                         "microbatches:2")
-    np.testing.assert_allclose(piped["losses"], single["losses"], rtol=1e-5)
+    np.testing.assert_allclose(piped["losses"], one_device["losses"][:2], rtol=1e-5)
 
 
 def test_plan_over_devices_weighs_pipeline_stages_chosen_by_milp():

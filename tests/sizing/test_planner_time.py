@@ -45,22 +45,6 @@ def test_choice_is_the_least_predicted_time_that_fits(card):
     assert p.speed == sheet and f"{card} data sheet" in p.explain()
 
 
-def test_compiled_choice_is_the_fastest_whose_compiled_plan_fits():
-    none = planner._compiled_total(PLAN_MODEL, TASK, RECIPES["none"], 1, 1)
-    lean = planner._compiled_total(PLAN_MODEL, TASK, RECIPES["lean"], 1, 1)
-    sheet = speed.data_sheet("H100")
-    p = planner.plan(int(lean + 0.3 * (none - lean)), PLAN_MODEL, TASK, use_compiled=True,
-                     headroom=1.0, speed=sheet)
-    table = p.candidates
-    assert p.predicted_peak_bytes <= p.plan_limit_bytes
-    # Every faster candidate was compiled and did not fit, or was far over by the formula.
-    faster = table[table["predicted_seconds"] < p.predicted_seconds]
-    assert len(faster) and not faster["fits"].any()
-    assert (faster["compiled_bytes"].isna()
-            | (faster["compiled_bytes"] > p.plan_limit_bytes)).all()
-    assert p.predicted_seconds == table.loc[table["fits"], "predicted_seconds"].min()
-
-
 def test_when_only_one_candidate_fits_it_is_chosen():
     sheet = speed.data_sheet("T4")
     needs = {label: analytical.estimate(PLAN_MODEL, TASK, mem).total_bytes

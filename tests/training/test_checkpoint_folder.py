@@ -2,6 +2,7 @@
 orbax would delete, runs that would take no step, and runs that stop early (Ctrl-C, a step
 whose data cannot be read), which save their last completed step."""
 
+import math
 import os
 import threading
 
@@ -163,14 +164,19 @@ def test_a_step_that_fails_saves_the_steps_before_it(tmp_path):
 
 
 def test_a_run_that_diverges_makes_no_folder_and_says_nothing_was_restored(tmp_path):
-    """The folder was made (empty) before the first save; and the divergence said earlier
-    checkpoints were kept when there were none."""
+    """The largest learning rate float32 holds: step 1's loss and gradient are finite, its
+    update is not. The run stops as a diverged one does, saving nothing: the folder was
+    made (empty) before the first save; and the divergence said earlier checkpoints were
+    kept when there were none."""
     folder = tmp_path / "new"
     with pytest.raises(loop.TrainingDiverged) as e:
         train(TINY, TASK, 1, learning_rate=3.4e38, schedule_steps=1,
               checkpoint_dir=str(folder))
-    assert e.value.resumed is None
-    assert not folder.exists()
+    assert e.value.weights and e.value.step == 1 and math.isfinite(e.value.loss)
+    assert str(e.value).startswith("the weights are not finite after step 1 (loss ")
+    assert e.value.resumed is None and e.value.saved is None
+    assert str(e.value).endswith("training diverged, and nothing was saved")
+    assert not folder.exists() and os.listdir(tmp_path) == []
 
 
 def test_the_fingerprint_of_given_weather_names_its_statistics():

@@ -4,29 +4,38 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gclab.config import get_preset
+from gclab.config import ModelConfig, TaskConfig
 from gclab.geometry import graphs_for
 from gclab.memory import MemoryConfig
 from gclab.model import graph_inputs, make_network
 from gclab.training import network_mse, network_mse_shapes, relative_error
+from gclab.training.loop import check_init_params
+
+TASK = TaskConfig(pressure_levels=(500, 850))
+TINY = ModelConfig(resolution=10.0, mesh_splits=2, latent_size=16, processor_steps=2)
 
 
 def test_shapes_and_loss_match_the_network():
-    preset = get_preset("cpu-4x32")
-    graph = graph_inputs(graphs_for(preset.model))
-    params_s, x_s, y_s = network_mse_shapes(preset.model, preset.task, graph, batch=2)
+    """The loss is that of the network built with its memory techniques: in bfloat16, whose
+    loss differs from float32's (by 1e-3 of it here) far more than the tolerance below."""
+    graph = graph_inputs(graphs_for(TINY))
+    params_s, x_s, y_s = network_mse_shapes(TINY, TASK, graph, batch=2)
     ng = graph.grid_nodes.shape[0]
-    assert x_s.shape == (ng, 2, preset.task.data_channels)
-    assert y_s.shape == (ng, 2, preset.task.output_channels)
-    params = make_network(preset.model, x_s.shape[-1], y_s.shape[-1]).init(
-        jax.random.PRNGKey(0), graph, jnp.zeros(x_s.shape))
-    assert jax.tree_util.tree_structure(params) == jax.tree_util.tree_structure(params_s)
-    x = jax.random.normal(jax.random.PRNGKey(1), x_s.shape)
-    y = jax.random.normal(jax.random.PRNGKey(2), y_s.shape)
-    net = make_network(preset.model, x_s.shape[-1], y_s.shape[-1])
-    expected = jnp.mean((net.apply(params, graph, x) - y) ** 2)
-    loss = network_mse(preset.model, preset.task, graph, MemoryConfig())
-    np.testing.assert_allclose(float(loss(params, x, y)), float(expected), rtol=1e-6)
+    assert x_s.shape == (ng, 2, TASK.data_channels)
+    assert y_s.shape == (ng, 2, TASK.output_channels)
+    check_init_params(params_s, TINY, TASK)  # the model's parameters, no more, no fewer
+    # NumPy's generator: JAX's, run op by op, compiles once per parameter shape.
+    rng = np.random.default_rng(0)
+    params = jax.tree_util.tree_map(
+        lambda s: (0.3 * rng.standard_normal(s.shape)).astype(s.dtype), params_s)
+    x, y = (rng.standard_normal(s.shape).astype(np.float32) for s in (x_s, y_s))
+    memory = MemoryConfig(precision="bf16")
+    net = make_network(TINY, x_s.shape[-1], y_s.shape[-1], memory)
+    loss = network_mse(TINY, TASK, graph, memory)
+    # One program for both (compiled, not run op by op), the graph closed over in each.
+    got, expected = jax.jit(lambda p, x, y: (
+        loss(p, x, y), jnp.mean((net.apply(p, graph, x) - y) ** 2)))(params, x, y)
+    np.testing.assert_allclose(float(got), float(expected), rtol=1e-6)
 
 
 def test_relative_error():

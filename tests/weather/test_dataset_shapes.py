@@ -3,6 +3,7 @@ would be, and what is refused in one line naming the file and the field."""
 
 import numpy as np
 import pytest
+import xarray
 
 from gclab.config import FORCING_VARIABLES, ModelConfig, TaskConfig
 from gclab.training.data import SyntheticWeather
@@ -140,11 +141,17 @@ def test_variables_with_dims_their_kind_does_not_allow_are_named(tmp_path, ds, c
 
 
 def test_a_static_variable_with_time_and_batch_is_taken_at_the_first(ds):
-    # As some ERA5 downloads hold the land-sea mask: not a shape error inside numpy.
+    # As some ERA5 downloads hold the land-sea mask: not a shape error inside numpy. Each
+    # (batch, time) entry differs, so that the first is told from any other.
     lsm = ds["land_sea_mask"].expand_dims(batch=2, time=ds.sizes["time"])
+    lsm = lsm + xarray.DataArray(0.01 * np.arange(lsm.sizes["batch"] * lsm.sizes["time"])
+                                 .reshape(lsm.sizes["batch"], -1), dims=("batch", "time"))
+    first = ds["land_sea_mask"].copy(data=lsm.transpose("batch", "time", ...).values[0, 0])
     got = wd.check_dataset(ds.assign(land_sea_mask=lsm), TASK)
     assert got["land_sea_mask"].dims == ("lat", "lon")
-    _same_examples(wd.raw_example(got, TASK), wd.raw_example(wd.check_dataset(ds, TASK), TASK))
+    np.testing.assert_array_equal(got["land_sea_mask"].values, first.values)
+    _same_examples(wd.raw_example(got, TASK),
+                   wd.raw_example(wd.check_dataset(ds.assign(land_sea_mask=first), TASK), TASK))
 
 
 @pytest.mark.parametrize("coord, values, held", [

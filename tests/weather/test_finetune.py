@@ -1,13 +1,18 @@
 """Fine-tuning on real-layout data from published-format weights (`gclab train --data`)."""
 
+import contextlib
+import dataclasses
+import io
 import json
 import os
+import shutil
 
 import numpy as np
 import pytest
 
 from gclab import cli
 from gclab.config import ModelConfig, TaskConfig
+from gclab.memory import get_recipe
 from gclab.model import param_shapes
 from gclab.training.data import SAMPLE_SPACING, SyntheticWeather
 from gclab.training.loop import batch_start
@@ -90,15 +95,41 @@ def test_fine_tuning_with_a_memory_recipe_updates_the_weights(files, capsys, rec
                      "--train-steps", "6", "--batch", "1", "--rollout", "2",
                      "--recipe", recipe, "--learning-rate", "3e-3", "--schedule-steps", "6",
                      "--save-checkpoint", str(out), "--json"]) == 0
-    losses = json.loads(capsys.readouterr().out)["losses"]
-    assert len(losses) == 6
+    record = json.loads(capsys.readouterr().out)
+    assert len(record["losses"]) == 6
+    # The recipe is the run's (with the rematerialised rollout a recipe adds to a rollout of
+    # more than one step): `none` and `lean` train with different memory configurations.
+    want = get_recipe(recipe).replace(rollout_remat=recipe != "none")
+    assert record["memory"] == json.loads(json.dumps(dataclasses.asdict(want)))
     init, tuned = read_flat(files / "init.npz"), read_flat(out)
     key = "params:mesh2grid_gnn/~_networks_builder/decoder_nodes_grid_nodes_mlp/~/linear_1:w"
     assert tuned[key].shape == init[key].shape
     assert not np.array_equal(tuned[key], init[key])
 
 
-def test_resumed_fine_tuning_continues_as_an_uninterrupted_run(files, capsys, tmp_path):
+@pytest.fixture(scope="module")
+def one_step(files, tmp_path_factory):
+    """One step on --data from the published weights, saved to an orbax checkpoint folder:
+    the folder and the run's --json record. Each test that resumes it copies the folder
+    (`_one_step_folder`)."""
+    folder = tmp_path_factory.mktemp("one_step") / "ckpt"
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert cli.main(["train", "--init-checkpoint", str(files / "init.npz"), "--data",
+                         str(files / "data.nc"), "--stats", str(files / "stats"), "--json",
+                         "--train-steps", "1", "--checkpoint-dir", str(folder)]) == 0
+    return folder, json.loads(out.getvalue())
+
+
+def _one_step_folder(one_step, folder):
+    """A copy of `one_step`'s checkpoint folder at `folder`."""
+    shutil.copytree(one_step[0], folder)
+    return folder
+
+
+@pytest.mark.xdist_group("finetune-one-step")
+def test_resumed_fine_tuning_continues_as_an_uninterrupted_run(files, one_step, capsys,
+                                                               tmp_path):
     """Resuming from an orbax checkpoint of a run that started from published weights."""
     argv = ["train", "--init-checkpoint", str(files / "init.npz"), "--data",
             str(files / "data.nc"), "--stats", str(files / "stats"), "--json"]
@@ -109,8 +140,8 @@ def test_resumed_fine_tuning_continues_as_an_uninterrupted_run(files, capsys, tm
         return json.loads(capsys.readouterr().out)
 
     straight = run("--train-steps", "3", "--save-checkpoint", str(tmp_path / "straight.npz"))
-    ckpt = str(tmp_path / "ckpt")
-    first = run("--train-steps", "1", "--checkpoint-dir", ckpt)
+    ckpt = str(_one_step_folder(one_step, tmp_path / "ckpt"))
+    first = one_step[1]
     second = run("--train-steps", "3", "--checkpoint-dir", ckpt, "--save-checkpoint",
                  str(tmp_path / "resumed.npz"))
     assert first["checkpoint_step"] == 1
@@ -122,7 +153,8 @@ def test_resumed_fine_tuning_continues_as_an_uninterrupted_run(files, capsys, tm
             assert a[key].tobytes() == b[key].tobytes(), key
 
 
-def test_a_resume_on_other_weather_is_one_line(files, capsys, tmp_path):
+@pytest.mark.xdist_group("finetune-one-step")
+def test_a_resume_on_other_weather_is_one_line(files, one_step, capsys, tmp_path):
     """A checkpoint records whether its run trained on --data: resuming it on the other kind
     of weather (real for synthetic, or synthetic for real) is refused, naming --data."""
     init = ["train", "--init-checkpoint", str(files / "init.npz"), "--train-steps", "1"]
@@ -130,7 +162,10 @@ def test_a_resume_on_other_weather_is_one_line(files, capsys, tmp_path):
     for first, then, words in ((data, [], "was trained with --data (on real weather)"),
                                ([], data, "was trained without --data (on synthetic weather)")):
         folder = tmp_path / ("real" if first else "synthetic")
-        assert cli.main([*init, *first, "--checkpoint-dir", str(folder)]) == 0
+        if first:  # the run on --data is `one_step`'s
+            _one_step_folder(one_step, folder)
+        else:
+            assert cli.main([*init, *first, "--checkpoint-dir", str(folder)]) == 0
         capsys.readouterr()
         assert cli.main([*init, *then, "--train-steps", "2", "--checkpoint-dir",
                          str(folder)]) == 2
@@ -165,7 +200,9 @@ def test_bad_fine_tuning_inputs_get_one_line(files, capsys, extra, text):
     assert (files / "init.npz").read_bytes() == published
 
 
-def test_a_resume_on_another_dataset_or_other_statistics_is_one_line(files, capsys, tmp_path):
+@pytest.mark.xdist_group("finetune-one-step")
+def test_a_resume_on_another_dataset_or_other_statistics_is_one_line(files, one_step, capsys,
+                                                                      tmp_path):
     """A checkpoint of a run on --data records the dataset (its times, batch rows, grid and
     levels) and a hash of its statistics: a resume with another --data file or --stats was
     accepted silently before (only "real_data" was recorded)."""
@@ -176,10 +213,7 @@ def test_a_resume_on_another_dataset_or_other_statistics_is_one_line(files, caps
     write_stats(compute_stats(synthetic_dataset(weather, frames=24, start=300)),
                 tmp_path / "stats")
     init = ["train", "--init-checkpoint", str(files / "init.npz")]
-    folder = tmp_path / "ckpt"
-    assert cli.main([*init, "--data", str(files / "data.nc"), "--stats", str(files / "stats"),
-                     "--train-steps", "1", "--checkpoint-dir", str(folder)]) == 0
-    capsys.readouterr()
+    folder = _one_step_folder(one_step, tmp_path / "ckpt")
     where = f"the checkpoint in --checkpoint-dir {folder} (step 1) was trained"
     for data, stats, words in (
             (tmp_path / "longer.nc", files / "stats",

@@ -1,5 +1,6 @@
 """`gclab forecast` and `gclab stats`: files in, files out, and one line for each bad input."""
 
+import shutil
 import sys
 
 import numpy as np
@@ -11,7 +12,6 @@ from gclab.model import param_shapes
 from gclab.training.data import SyntheticWeather
 from gclab.weather import (
     Checkpoint,
-    compute_stats,
     load_stats,
     open_dataset,
     read_checkpoint,
@@ -41,19 +41,26 @@ def files(tmp_path_factory):
     return root
 
 
-def test_stats_then_forecast(files, capsys):
+@pytest.fixture(scope="module")
+def stats(files):
+    """`gclab stats` of long.nc, in `files / "stats"`: the statistics every test here reads,
+    computed once."""
     assert cli.main(["stats", "--data", str(files / "long.nc"),
                      "--out", str(files / "stats")]) == 0
-    stats = load_stats(files / "stats")
-    assert "temperature" in stats.diffs_stddev and "land_sea_mask" in stats.mean
+    return files / "stats"
+
+
+def test_stats_then_forecast(files, stats, capsys):
+    loaded = load_stats(stats)
+    assert "temperature" in loaded.diffs_stddev and "land_sea_mask" in loaded.mean
     out = files / "pred.nc"
     assert cli.main(["forecast", "--checkpoint", str(files / "ckpt.npz"), "--data",
-                     str(files / "data.nc"), "--stats", str(files / "stats"),
+                     str(files / "data.nc"), "--stats", str(stats),
                      "--forecast-steps", "2", "--out", str(out)]) == 0
     assert "wrote 2 step(s) of 11 variables" in capsys.readouterr().out
     got = open_dataset(out).load()
     want = forecast(read_checkpoint(files / "ckpt.npz"), open_dataset(files / "data.nc"),
-                    stats, 2)
+                    loaded, 2)
     assert list(got.data_vars) == list(want.data_vars)
     for name in want.data_vars:
         assert got[name].dims == want[name].dims
@@ -64,6 +71,30 @@ def _one_line(capsys, argv, text):
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and text in err and "Traceback" not in err, err
+
+
+@pytest.fixture(scope="module")
+def forecast_inputs(files, stats, tmp_path_factory):
+    """Good and bad inputs of `gclab forecast`, written once; each case of
+    `test_bad_forecast_inputs_get_one_line` refuses a copy of its own, so that a case that
+    wrote where it must not cannot change what another reads."""
+    root = tmp_path_factory.mktemp("forecast_inputs")
+    for name in ("ckpt.npz", "data.nc"):
+        shutil.copy(files / name, root / name)
+    flat = dict(np.load(root / "ckpt.npz"))
+    flat.pop("model_config:latent_size")
+    np.savez(root / "incomplete.npz", **flat)
+    ds = open_dataset(root / "data.nc").load()
+    write_dataset(ds.drop_vars("geopotential"), root / "nolevel.nc")
+    write_dataset(ds.isel(time=slice(0, 1)), root / "one.nc")
+    shutil.copytree(stats, root / "good")
+    (root / "badstats").mkdir()
+    for name in ("mean_by_level.nc", "stddev_by_level.nc"):
+        shutil.copy(stats / name, root / "badstats" / name)
+    d = open_dataset(stats / "diffs_stddev_by_level.nc").load()
+    write_dataset(d.drop_vars("temperature"), root / "badstats" / "diffs_stddev_by_level.nc")
+    (root / "link.nc").symlink_to("data.nc")  # relative: a copy links to its own data.nc
+    return root
 
 
 @pytest.mark.parametrize("change, text", [
@@ -86,23 +117,9 @@ def _one_line(capsys, argv, text):
      "--out {root}/good/mean_by_level.nc: the same file as mean_by_level.nc of --stats "
      "{root}/good"),
 ])
-def test_bad_forecast_inputs_get_one_line(files, capsys, change, text):
-    root = files
-    flat = dict(np.load(root / "ckpt.npz"))
-    flat.pop("model_config:latent_size")
-    np.savez(root / "incomplete.npz", **flat)
-    ds = open_dataset(root / "data.nc").load()
-    write_dataset(ds.drop_vars("geopotential"), root / "nolevel.nc")
-    write_dataset(ds.isel(time=slice(0, 1)), root / "one.nc")
-    assert cli.main(["stats", "--data", str(root / "long.nc"), "--out", str(root / "good")]) == 0
-    (root / "badstats").mkdir(exist_ok=True)
-    for name in ("mean_by_level.nc", "stddev_by_level.nc"):
-        (root / "badstats" / name).write_bytes((root / "good" / name).read_bytes())
-    d = open_dataset(root / "good" / "diffs_stddev_by_level.nc").load()
-    write_dataset(d.drop_vars("temperature"), root / "badstats" / "diffs_stddev_by_level.nc")
-    if not (root / "link.nc").is_symlink():
-        (root / "link.nc").symlink_to(root / "data.nc")
-    capsys.readouterr()
+def test_bad_forecast_inputs_get_one_line(forecast_inputs, tmp_path, capsys, change, text):
+    root = tmp_path / "inputs"
+    shutil.copytree(forecast_inputs, root, symlinks=True)
     args = {"--checkpoint": "ckpt.npz", "--data": "data.nc", "--stats": "good",
             "--forecast-steps": "1", "--out": "pred2.nc"}
     args.update(change)
@@ -129,9 +146,9 @@ def test_bad_stats_inputs_get_one_line(files, capsys):
                        str(files / "no" / "where")], "a folder whose parent exists")
 
 
-def test_stats_checks_its_three_files_before_any_work(files, capsys):
+def test_stats_checks_its_three_files_before_any_work(files, stats, capsys):
     out = files / "in_the_way"
-    assert cli.main(["stats", "--data", str(files / "long.nc"), "--out", str(out)]) == 0
+    shutil.copytree(stats, out)
     (out / "stddev_by_level.nc").unlink()
     (out / "stddev_by_level.nc").mkdir()
     before = _contents(out)
@@ -140,11 +157,11 @@ def test_stats_checks_its_three_files_before_any_work(files, capsys):
     assert _contents(out) == before
 
 
-def test_a_failed_stats_write_leaves_the_old_set(files, capsys, monkeypatch):
+def test_a_failed_stats_write_leaves_the_old_set(files, stats, capsys, monkeypatch):
     import xarray
 
     out = files / "old_set"
-    assert cli.main(["stats", "--data", str(files / "long.nc"), "--out", str(out)]) == 0
+    shutil.copytree(stats, out)
     before = _contents(out)
     written = []
 
@@ -162,14 +179,14 @@ def test_a_failed_stats_write_leaves_the_old_set(files, capsys, monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def bad(files):
+def bad(files, stats):
     """Inputs that used to be accepted silently or end in a traceback, in `files / "bad"`."""
     root = files / "bad"
     root.mkdir()
-    stats = compute_stats(open_dataset(files / "long.nc"))
-    for name, s in (("good", stats),
-                    ("nanmean", stats._replace(mean=stats.mean.copy(deep=True))),
-                    ("zerostd", stats._replace(stddev=stats.stddev.copy(deep=True)))):
+    good = load_stats(stats)
+    for name, s in (("good", good),
+                    ("nanmean", good._replace(mean=good.mean.copy(deep=True))),
+                    ("zerostd", good._replace(stddev=good.stddev.copy(deep=True)))):
         (root / name).mkdir()
         if name == "nanmean":
             s.mean["temperature"].values[1] = np.nan
