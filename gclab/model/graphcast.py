@@ -736,8 +736,16 @@ def param_shapes(model: ModelConfig, data_channels: int, output_channels: int):
 
     Nothing runs, not even the random key's creation (it is traced): JAX's backend does not
     start, so a process may still choose its device count or join a multi-process run
-    afterwards (the command line checks a checkpoint before either).
+    afterwards (the command line checks a checkpoint before either). Traced once per model
+    and channel counts in a process (every compiled step asks for them); each call returns
+    its own tree of the same (immutable) leaves.
     """
+    shapes = _traced_param_shapes(model, int(data_channels), int(output_channels))
+    return jax.tree_util.tree_map(lambda leaf: leaf, shapes)
+
+
+@functools.lru_cache(maxsize=64)
+def _traced_param_shapes(model: ModelConfig, data_channels: int, output_channels: int):
     net = make_network(model, data_channels, output_channels)
     ng, nm = 2, 2  # parameter shapes do not depend on the graph
     graph = graph_input_shapes(ng, nm, 1, 1)

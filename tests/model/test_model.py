@@ -274,3 +274,22 @@ def test_param_shapes_start_no_backend():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           env={**env, "JAX_PLATFORMS": "cpu"}, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_param_shapes_are_traced_once_and_each_call_has_its_own_tree(monkeypatch):
+    from gclab.model import graphcast
+
+    cfg = ModelConfig(resolution=10.0, mesh_splits=1, latent_size=8, processor_steps=2)
+    traced = []
+    real = graphcast.make_network
+    monkeypatch.setattr(graphcast, "make_network", lambda *a: traced.append(a) or real(*a))
+    graphcast._traced_param_shapes.cache_clear()
+    first = param_shapes(cfg, 5, 4)
+    second = param_shapes(cfg, np.int64(5), 4)  # channel counts as numpy gives them
+    assert len(traced) == 1
+    assert jax.tree_util.tree_structure(first) == jax.tree_util.tree_structure(second)
+    assert jax.tree_util.tree_leaves(first) == jax.tree_util.tree_leaves(second)
+    first.pop(next(iter(first)))  # a caller's edit of its tree reaches no other call
+    assert param_shapes(cfg, 5, 4) == second and len(traced) == 1
+    param_shapes(cfg, 5, 3)  # other channels: another trace
+    assert len(traced) == 2
