@@ -47,7 +47,8 @@ same. Chapter 3 alone under the tests' flags: 138 -> 129 s (compiles 72 -> 67 s)
 CI on a fresh clone, same day: pytest 1117 -> 1120 s, within its run-to-run spread.
 
 The longest items run first (`pytest_collection_modifyitems`), so that the two xdist workers
-do not end with one of them alone on a chapter started last.
+do not end with one of them alone on a chapter started last. An `xdist_group` is handed out
+where its first item stands in that order (`--no-loadscope-reorder` in pyproject.toml).
 """
 
 import os

@@ -3,6 +3,8 @@ otherwise lose its place at the front without a word."""
 
 from pathlib import Path
 
+import pytest
+
 TESTS = Path(__file__).resolve().parent
 
 
@@ -23,3 +25,11 @@ def test_each_long_item_names_a_file_and_a_test_in_it(request):
         if name:
             name = name.split("[")[0]
             assert f"def {name}" in file.read_text(), f"no test named {name}* in {path}"
+
+
+def test_groups_are_handed_out_in_the_order_of_their_first_item(request):
+    """Without `--no-loadscope-reorder`, `--dist loadgroup` hands out the largest
+    `xdist_group` first, whatever `LONG_FIRST` says (pytest-xdist 3.8)."""
+    if not request.config.pluginmanager.hasplugin("xdist"):
+        pytest.skip("pytest-xdist is not loaded (-p no:xdist)")
+    assert request.config.getoption("loadscopereorder") is False

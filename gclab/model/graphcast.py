@@ -35,6 +35,7 @@ from gclab.config import (
     STRUCTURAL_NODE_FEATURES,
     ModelConfig,
     WrongType,
+    is_int,
     require_count,
     require_kind,
 )
@@ -737,15 +738,25 @@ def param_shapes(model: ModelConfig, data_channels: int, output_channels: int):
     Nothing runs, not even the random key's creation (it is traced): JAX's backend does not
     start, so a process may still choose its device count or join a multi-process run
     afterwards (the command line checks a checkpoint before either). Traced once per model
-    and channel counts in a process (every compiled step asks for them); each call returns
-    its own tree of the same (immutable) leaves.
+    and channel counts in a process (every compiled step asks for them): each call builds
+    its own tree, of shapes and dtypes only (no sharding of the context of a first call).
     """
+    if not (isinstance(model, ModelConfig) and is_int(data_channels)
+            and is_int(output_channels)):
+        return _trace_param_shapes(model, data_channels, output_channels)  # its own errors
     shapes = _traced_param_shapes(model, int(data_channels), int(output_channels))
-    return jax.tree_util.tree_map(lambda leaf: leaf, shapes)
+    return jax.tree_util.tree_map(lambda s: jax.ShapeDtypeStruct(*s), shapes,
+                                  is_leaf=lambda s: isinstance(s, tuple))
 
 
 @functools.lru_cache(maxsize=64)
 def _traced_param_shapes(model: ModelConfig, data_channels: int, output_channels: int):
+    """(shape, dtype) of every parameter: what `param_shapes` builds its trees from."""
+    return jax.tree_util.tree_map(lambda s: (s.shape, s.dtype),
+                                  _trace_param_shapes(model, data_channels, output_channels))
+
+
+def _trace_param_shapes(model: ModelConfig, data_channels: int, output_channels: int):
     net = make_network(model, data_channels, output_channels)
     ng, nm = 2, 2  # parameter shapes do not depend on the graph
     graph = graph_input_shapes(ng, nm, 1, 1)

@@ -289,7 +289,39 @@ def test_param_shapes_are_traced_once_and_each_call_has_its_own_tree(monkeypatch
     assert len(traced) == 1
     assert jax.tree_util.tree_structure(first) == jax.tree_util.tree_structure(second)
     assert jax.tree_util.tree_leaves(first) == jax.tree_util.tree_leaves(second)
-    first.pop(next(iter(first)))  # a caller's edit of its tree reaches no other call
+    module = next(iter(first))
+    first[module].pop(next(iter(first[module])))  # a caller's edit reaches no other call
     assert param_shapes(cfg, 5, 4) == second and len(traced) == 1
     param_shapes(cfg, 5, 3)  # other channels: another trace
     assert len(traced) == 2
+
+
+@pytest.mark.parametrize("model, channels, message", [
+    ("cfg", 5.5, "data_channels=5.5 is invalid: an integer >= 1"),
+    ("cfg", True, "data_channels=True is invalid: an integer >= 1"),
+    ("cfg", None, "data_channels=None is invalid: an integer >= 1"),
+    ({"resolution": 10.0}, 5, "model=.* is invalid: a ModelConfig"),
+])
+def test_param_shapes_refuse_what_make_network_refuses(model, channels, message):
+    """The per-process cache of shapes takes only a ModelConfig and integer channel counts;
+    anything else is refused in make_network's words (not int()'s or hash()'s)."""
+    from gclab.config import WrongType
+
+    cfg = ModelConfig(resolution=10.0, mesh_splits=1, latent_size=8, processor_steps=2)
+    with pytest.raises(WrongType, match=message):
+        param_shapes(cfg if model == "cfg" else model, channels, 4)
+
+
+def test_param_shapes_hold_no_sharding_of_the_first_callers_mesh():
+    from jax.sharding import AxisType
+
+    from gclab.model import graphcast
+
+    cfg = ModelConfig(resolution=10.0, mesh_splits=1, latent_size=8, processor_steps=1)
+    graphcast._traced_param_shapes.cache_clear()
+    mesh = jax.make_mesh((1,), ("data",), axis_types=(AxisType.Explicit,))
+    with jax.set_mesh(mesh):
+        inside = param_shapes(cfg, 5, 4)
+    outside = param_shapes(cfg, 5, 4)
+    assert all(leaf.sharding is None for leaf in jax.tree_util.tree_leaves(outside))
+    assert jax.tree_util.tree_leaves(inside) == jax.tree_util.tree_leaves(outside)
