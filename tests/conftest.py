@@ -110,6 +110,13 @@ def pytest_collection_modifyitems(items: list) -> None:
     items.sort(key=_rank)
 
 
+@pytest.fixture
+def benchmarks(monkeypatch):
+    """The benchmarks folder on `sys.path`, as the scripts put it there themselves (the
+    tests of the benchmark scripts import them)."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+
+
 @pytest.fixture(scope="session")
 def data_dir() -> Path:
     """`tests/data`: fixtures written by the official GraphCast code."""

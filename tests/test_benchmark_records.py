@@ -28,12 +28,6 @@ RESULTS = BENCHMARKS / "results"
 RECORDINGS = ROOT / "gclab" / "recordings"
 
 
-@pytest.fixture
-def benchmarks(monkeypatch):
-    """The benchmarks folder on `sys.path`, as the scripts put it there themselves."""
-    monkeypatch.syspath_prepend(str(BENCHMARKS))
-
-
 def _stub(tmp_path: Path, code: str, *args: str, **env: str) -> subprocess.CompletedProcess:
     """Runs `code` (a script importing a benchmark and stubbing its slow parts) in a fresh
     process in `tmp_path`; its arguments are `args`, `env` added to its environment."""

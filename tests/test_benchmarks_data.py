@@ -16,12 +16,6 @@ BENCHMARKS = ROOT / "benchmarks"
 RESULTS = BENCHMARKS / "results"
 
 
-@pytest.fixture
-def benchmarks(monkeypatch):
-    """The benchmarks folder on `sys.path`, as the scripts put it there themselves."""
-    monkeypatch.syspath_prepend(str(BENCHMARKS))
-
-
 def never(*args, **kwargs):
     raise AssertionError("work started (or a file was written) for a refused option")
 

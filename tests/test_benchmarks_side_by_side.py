@@ -20,12 +20,6 @@ ROOT = Path(__file__).resolve().parent.parent
 BENCHMARKS = ROOT / "benchmarks"
 
 
-@pytest.fixture
-def benchmarks(monkeypatch):
-    """The benchmarks folder on `sys.path`, as the scripts put it there themselves."""
-    monkeypatch.syspath_prepend(str(BENCHMARKS))
-
-
 def _script(name: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
     """`benchmarks/<name>` run as a command, in `cwd`."""
     env = {**os.environ, "JAX_PLATFORMS": "cpu",

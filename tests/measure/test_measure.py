@@ -693,7 +693,7 @@ def test_a_step_compiled_to_read_and_one_compiled_to_run_share_one_cache_entry(t
     import dataclasses
 
     import jax.monitoring
-    from jax._src import compilation_cache
+    from jax.experimental.compilation_cache import compilation_cache
 
     from gclab.config import PRESETS
     from gclab.sizing import StepSpec, compile_train_step
