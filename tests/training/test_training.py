@@ -260,6 +260,30 @@ def test_no_donation_unless_asked(world):
     assert "tf.aliasing_output" in texts[1] or "jax.buffer_donor" in texts[1]
 
 
+def test_steps_with_one_optimizer_trace_its_update_once(world):
+    """Steps compiled in one process with one optimizer, for one model's parameters, trace
+    the optimizer's update once between them, whatever their memory techniques (its jitted
+    update keeps its trace); `make_optimizer` gives one optimizer per configuration."""
+    calls = []
+    sgd = optax.sgd(0.1)
+
+    def update(grads, state, params=None):
+        calls.append(1)
+        return sgd.update(grads, state, params)
+
+    opt = optax.GradientTransformation(sgd.init, update)
+    args = jax.eval_shape(lambda: (init_state_from_params(world["params"], opt),
+                                   world["graph"], world["example"]))
+    remat = MemoryConfig(processor_remat="step")
+    nets = {MemoryConfig(): world["net"],
+            remat: make_network(CFG, TASK.data_channels, TASK.output_channels, remat)}
+    for memory, net in nets.items():
+        jax.jit(train_step_fn(net, opt, TASK, memory, 2, world["kw"]["weights"])).trace(*args)
+    assert len(calls) == 1
+    assert make_optimizer(TrainConfig()) is make_optimizer(TrainConfig())
+    assert make_optimizer(TrainConfig(warmup_steps=7)) is not make_optimizer(TrainConfig())
+
+
 # ----------------------------------------------------------------------------------------
 # The step's memory techniques are the network's.
 
