@@ -80,6 +80,12 @@ def memory_block() -> str:
                   f"{_gib(peak['peak_bytes'])} peak are buffers with one row per grid node. "
                   "Streaming the grid nodes through its edge blocks too brings it to "
                   f"{_gib(steps['stream-grid-nodes']['total_bytes'])}."]
+        if "memory-first-schedule" in steps:
+            lines[-1] += (" XLA:CPU's own instruction order costs part of it: ordered for "
+                          "memory instead of concurrency "
+                          "(`--xla_cpu_enable_concurrency_optimized_scheduler=false`), the "
+                          "recipe as described needs "
+                          f"{_gib(steps['memory-first-schedule']['total_bytes'])}.")
     return "\n".join(lines)
 
 

@@ -741,12 +741,13 @@ def claim_figures(record: Optional[dict]) -> dict:
     Reads ``authors_claim`` (the ladder's compiled totals and the largest buffers at the
     peak of `deepmind` in bfloat16 at 0.25 deg) and, where the run was measured,
     ``claim_live``. Keys: ``device``, ``deepmind_total``, ``haiku_total``,
-    ``streamed_total``, ``lean_total``, ``peak``, ``peak_f32`` (its float32 share),
-    ``grid_buffers``, ``grid_bytes``, ``live_peak``, ``live_ratio``, ``live_step``, and
-    the verdicts ``deepmind_fits`` and ``streamed_fits`` (``within 32 GiB`` or ``over 32
-    GiB``, from the recorded ``fits_tpu_v4``) and ``peak_stage`` (where the peak falls,
-    e.g. ``backward: processor``). A figure the recording does not hold (or no recording)
-    reads ``n/a``, a number NaN.
+    ``streamed_total``, ``lean_total``, ``scheduled_total`` (`deepmind` with XLA:CPU
+    ordering the program for memory), ``peak``, ``peak_f32`` (its float32 share),
+    ``grid_buffers``, ``grid_bytes``, ``live_peak``, ``live_ratio``, ``live_step``, the
+    verdicts ``deepmind_fits``, ``streamed_fits`` and ``scheduled_fits`` (``within 32
+    GiB`` or ``over 32 GiB``, from the recorded ``fits_tpu_v4``) and ``peak_stage``
+    (where the peak falls, e.g. ``backward: processor``). A figure the recording does not
+    hold (or no recording) reads ``n/a``, a number NaN.
     """
     claim = (record or {}).get("authors_claim")
     live = (record or {}).get("claim_live") or {}
@@ -767,6 +768,8 @@ def claim_figures(record: Optional[dict]) -> dict:
         "haiku_total": totals.get("haiku-layer-norm", na),
         "streamed_total": totals.get("stream-grid-nodes", na),
         "lean_total": totals.get("lean", na),
+        "scheduled_total": totals.get("memory-first-schedule", na),
+        "scheduled_fits": verdict("memory-first-schedule"),
         "peak": _format(peak["peak_bytes"]) if peak else na,
         "peak_f32": f"{peak['float32_bytes'] / peak['peak_bytes']:.0%}" if peak else na,
         "grid_buffers": peak["grid_sized_buffers"] if peak else nan,

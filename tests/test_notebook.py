@@ -402,7 +402,9 @@ def test_claim_figures_paste_a_recording_and_say_n_a_without_one():
     record = {"hardware": {"device": "NVIDIA H200"},
               "authors_claim": {"rows": [{"step": "deepmind", "total_bytes": 3 * 2**30,
                                           "fits_tpu_v4": False},
-                                         {"step": "lean", "total_bytes": 2**30}],
+                                         {"step": "lean", "total_bytes": 2**30},
+                                         {"step": "memory-first-schedule",
+                                          "total_bytes": 2 * 2**30, "fits_tpu_v4": True}],
                                 "peak": {"peak_bytes": 4 * 2**30, "float32_bytes": 2**30,
                                          "grid_sized_buffers": 3,
                                          "grid_sized_bytes": 2 * 2**30,
@@ -415,6 +417,7 @@ def test_claim_figures_paste_a_recording_and_say_n_a_without_one():
                    "peak": "4.00 GiB", "peak_f32": "25%", "grid_buffers": 3,
                    "grid_bytes": "2.00 GiB", "live_peak": "5.00 GiB", "live_ratio": 1.25,
                    "live_step": 0.5, "deepmind_fits": "over 32 GiB", "streamed_fits": "n/a",
+                   "scheduled_total": "2.00 GiB", "scheduled_fits": "within 32 GiB",
                    "peak_stage": "backward: decoder"}
     empty = claim_figures(None)
     assert set(empty) == set(got) and empty["deepmind_total"] == "n/a"
