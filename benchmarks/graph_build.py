@@ -94,12 +94,12 @@ def _check_writable(parser: argparse.ArgumentParser, output: Path) -> None:
     """`output`'s folder made (as the write would), and the file then checked as every
     output of gclab is (`gclab.files.check_output_path`), before any build: one line, not
     a failure after minutes of building."""
-    from gclab.files import OutputPathError, check_output_path
+    from gclab.files import OutputPathError, check_output_path, writable_folder
 
     try:
-        output.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        parser.error(f"--output {output}: its folder cannot be written ({e.strerror or e})")
+        writable_folder(output.parent, missing="create", what=output)
+    except OutputPathError as e:
+        parser.error(f"--output {output}: its folder cannot be written ({e.reason})")
     try:
         check_output_path(output)
     except OutputPathError as e:

@@ -549,20 +549,6 @@ def _positive(text: str) -> float:
     return value
 
 
-def _writable_folder(path: Path) -> str | None:
-    """Why `path` is not an existing folder this process can write in; None where it is
-    (written to once, by `gclab.files.check_writable_folder`)."""
-    from gclab.files import OutputPathError, check_writable_folder
-
-    if not path.is_dir():
-        return "no such folder" if not path.exists() else "not a folder"
-    try:
-        check_writable_folder(path)
-    except OutputPathError as e:
-        return e.reason
-    return None
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--official", help="path of a checkout of the official code")
@@ -587,10 +573,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     # Before any measurement: a folder that cannot take the files is said now, not after
     # hours of compiles.
-    why = _writable_folder(args.output_dir)
-    if why:
-        parser.error(f"--output-dir {args.output_dir}: {why}; an existing folder that can be "
-                     "written is allowed")
+    from gclab.files import OutputPathError, writable_folder
+
+    try:
+        writable_folder(args.output_dir)  # an existing one, written to once
+    except OutputPathError as e:
+        parser.error(f"--output-dir {args.output_dir}: {e.reason}; an existing folder that "
+                     "can be written is allowed")
 
     if args.report_only:
         written = 0

@@ -44,7 +44,7 @@ from fresh_clone import kept_rows  # noqa: E402
 from options import integers, named  # noqa: E402
 
 from gclab.config import get_preset  # noqa: E402
-from gclab.files import OutputPathError, check_writable_folder, write_text_atomic  # noqa: E402
+from gclab.files import OutputPathError, writable_folder, write_text_atomic  # noqa: E402
 from gclab.measure import format_bytes, machine  # noqa: E402
 from gclab.memory import get_recipe  # noqa: E402
 from gclab.parallel import ParallelConfig, parse_parallel_spec  # noqa: E402
@@ -178,18 +178,6 @@ def annotate(path: Path, rendered: tuple[str, str] | None = None) -> None:
     print(f"annotated {path} and {path.with_suffix('.md')}")
 
 
-def writable_folder(folder: Path) -> Path:
-    """Checks that `folder` is, or can become, a folder files can be written in: itself
-    where it exists, else the nearest folder above it that does."""
-    if folder.exists() and not folder.is_dir():
-        raise OutputPathError(folder, "exists and is not a folder")
-    existing = next(p for p in (folder, *folder.parents) if p.exists())
-    if not existing.is_dir():
-        raise OutputPathError(folder, f"{existing} is not a folder")
-    check_writable_folder(existing, folder)
-    return folder
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--presets", default="graphcast-small,graphcast")
@@ -222,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     device_counts = integers(ap, "--devices", args.devices, 1, MAX_DEVICES, "device counts",
                              "the simulated CPU devices")
     try:
-        writable_folder(args.out)
+        writable_folder(args.out, missing="parent")  # made below, once the options pass
     except OutputPathError as e:
         ap.error(f"--out: {e}")
     hw = hardware()

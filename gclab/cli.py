@@ -52,6 +52,7 @@ from gclab.files import (
     check_output_path,
     check_writable_folder,
     link_target,
+    writable_folder,
 )
 from gclab.geometry.graphs import load_or_build_graphs, save_graphs
 from gclab.measure.compiled import format_bytes
@@ -744,17 +745,12 @@ def _sweep_cache() -> Optional[Path]:
     text = os.environ.get(SWEEP_CACHE_ENV, "")
     if not text:
         return None
-    folder = Path(text)
     try:
-        if folder.exists() and not folder.is_dir():
-            raise UsageError(f"{SWEEP_CACHE_ENV}={text}: not a directory")
-        folder.mkdir(parents=True, exist_ok=True)
-        return check_writable_folder(folder)
-    except OSError as e:
-        raise UsageError(f"{SWEEP_CACHE_ENV}={text}: cannot create it ({e.strerror or e})"
-                         ) from None
+        return writable_folder(text, missing="create")
     except OutputPathError as e:
-        raise UsageError(f"{SWEEP_CACHE_ENV}={text}: {e.reason}") from None
+        # A file in its place: "not a directory", as this variable's refusal has said.
+        reason = "not a directory" if e.reason == "not a folder" else e.reason
+        raise UsageError(f"{SWEEP_CACHE_ENV}={text}: {reason}") from None
 
 
 def cmd_sweep(args) -> int:

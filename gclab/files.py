@@ -6,7 +6,8 @@ renamed into place (`os.replace`) only once complete, so a crash, a full disk or
 never leaves a half-written file under the real name for a later run to trust. Leftover
 temporaries start with a dot and end in ``.tmp``; nothing reads them.
 
-`check_output_path` tells, before any work starts, whether a path can be written.
+`check_output_path` tells, before any work starts, whether a path can be written;
+`writable_folder` tells it of a folder.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import os
 import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Optional, Union
+from typing import Literal, Optional, Union
 
 from gclab.config import a_kind
 
@@ -139,6 +140,10 @@ def check_output_path(path: PathLike, suffixes: Optional[Sequence[str]] = None) 
 def check_writable_folder(folder: PathLike, what: Optional[PathLike] = None) -> Path:
     """Checks that a file can be created in `folder` (by creating and removing one).
 
+    A file is written because permissions alone do not tell: a read-only mount, a full
+    quota or an access-control list can refuse a write the mode bits allow (and root
+    passes any mode bits).
+
     Args:
       folder: an existing folder.
       what: the path the error names (default: the folder).
@@ -160,3 +165,65 @@ def check_writable_folder(folder: PathLike, what: Optional[PathLike] = None) -> 
         os.unlink(tmp)
     return folder
 
+
+_MISSING = ("refuse", "parent", "create")
+
+
+def writable_folder(folder: PathLike, *,
+                    missing: Literal["refuse", "parent", "create"] = "refuse",
+                    what: Optional[PathLike] = None) -> Path:
+    """Checks, before any work, that files can be written in `folder`.
+
+    An existing folder is written to once (`check_writable_folder`); anything else at that
+    path is refused. A missing folder is refused (``missing="refuse"``), accepted where the
+    nearest existing folder above it can be written in (``"parent"``: nothing is created,
+    the work makes it later), or made with its parents and then checked (``"create"``).
+
+    Args:
+      folder: the folder.
+      missing: what a missing folder is: "refuse", "parent" or "create".
+      what: the path the error names (default: the folder); where it is not the folder,
+        the reason names the folder.
+
+    Returns:
+      The folder.
+
+    Raises:
+      OutputPathError: something other than a folder at that path (or, with "parent", the
+        nearest existing path above it), a missing folder with "refuse", a path that cannot
+        be looked at, a folder that cannot be made, or one where no file can be created.
+      ValueError: `missing` is none of the allowed values.
+    """
+    if missing not in _MISSING:
+        raise ValueError(f"missing={missing!r}: one of {', '.join(_MISSING)}")
+    folder = Path(folder)
+    named = what is not None and Path(what) != folder
+    what = what if what is not None else folder
+
+    def exists(path: Path) -> bool:
+        try:
+            return path.exists()
+        except OSError as e:  # a folder above it that may not be searched
+            raise OutputPathError(what, f"cannot look at {e.filename or path} "
+                                  f"({e.strerror or e})") from None
+
+    if exists(folder):
+        if not folder.is_dir():
+            raise OutputPathError(what, f"{folder} is not a folder" if named else
+                                  "not a folder")
+        return check_writable_folder(folder, what)
+    if missing == "refuse":
+        raise OutputPathError(what, f"folder {folder} does not exist" if named else
+                              "no such folder")
+    if missing == "parent":
+        existing = next(p for p in folder.parents if exists(p))
+        if not existing.is_dir():
+            raise OutputPathError(what, f"{existing} is not a folder")
+        check_writable_folder(existing, what)
+        return folder
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OutputPathError(what, f"cannot create folder {folder} ({e.strerror or e})"
+                              ) from None
+    return check_writable_folder(folder, what)

@@ -18,7 +18,7 @@ import warnings
 
 import pytest
 
-from gclab import cli
+from gclab import cli, files
 from gclab.config import MAX_INT32
 
 TINY_NET = ["--resolution", "6", "--mesh-splits", "2", "--latent", "16", "--steps", "2"]
@@ -189,3 +189,89 @@ def test_a_file_name_that_is_not_text_in_the_locale_is_written_and_said(tmp_path
                           capture_output=True, text=True, errors="backslashreplace")
     assert proc.returncode == 0, proc.stderr
     assert (tmp_path / name).is_file() and "saved to g\\udcff.npz" in proc.stdout
+
+
+# gclab.files.writable_folder: what each way of taking a missing folder accepts and refuses.
+MODES = ["refuse", "parent", "create"]
+
+
+def _refusal(folder, **kwargs) -> files.OutputPathError:
+    with pytest.raises(files.OutputPathError) as refused:
+        files.writable_folder(folder, **kwargs)
+    return refused.value
+
+
+@pytest.mark.parametrize("missing", MODES)
+def test_writable_folder_takes_an_existing_folder_and_leaves_nothing_in_it(tmp_path, missing):
+    assert files.writable_folder(str(tmp_path), missing=missing) == tmp_path
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_writable_folder_takes_a_missing_folder_as_its_mode_says(tmp_path):
+    new = tmp_path / "a" / "b"
+    refused = _refusal(new)  # "refuse" unless told
+    assert (refused.path, refused.reason) == (new, "no such folder")
+    assert _refusal(new, what="x.json").reason == f"folder {new} does not exist"
+    assert files.writable_folder(new, missing="parent") == new
+    assert not (tmp_path / "a").exists()  # "parent" makes nothing
+    assert files.writable_folder(new, missing="create") == new
+    assert new.is_dir() and list(new.iterdir()) == []
+
+
+@pytest.mark.parametrize("missing", MODES)
+def test_writable_folder_refuses_a_file_in_the_way_and_keeps_it(tmp_path, missing):
+    in_the_way = tmp_path / "a-file"
+    in_the_way.write_text("kept\n")
+    refused = _refusal(in_the_way, missing=missing)
+    assert (refused.path, refused.reason) == (in_the_way, "not a folder")
+    named = _refusal(in_the_way, missing=missing, what=in_the_way / "x.json")
+    assert (named.path, named.reason) == (in_the_way / "x.json", f"{in_the_way} is not a folder")
+    below = _refusal(in_the_way / "sub", missing=missing).reason  # a file above it
+    assert below.startswith({"refuse": "no such folder",
+                             "parent": f"{in_the_way} is not a folder",
+                             "create": f"cannot create folder {in_the_way / 'sub'} ("}[missing]
+                            ), below
+    assert in_the_way.read_text() == "kept\n"
+
+
+@pytest.mark.parametrize("missing", MODES)
+def test_writable_folder_refuses_a_folder_no_file_can_be_created_in(read_only, missing):
+    reason = f"cannot write in folder {read_only} (Permission denied)"
+    assert _refusal(read_only, missing=missing).reason == reason
+    if missing == "parent":  # a folder to make there later: refused now
+        refused = _refusal(read_only / "new" / "deeper", missing=missing)
+        assert (refused.path, refused.reason) == (read_only / "new" / "deeper", reason)
+
+
+def test_writable_folder_says_a_folder_that_cannot_be_made(tmp_path):
+    """Real permissions: they do not stop root, so there the case is skipped."""
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    folder.chmod(0o555)
+    try:
+        try:
+            (folder / "probe").mkdir()
+        except PermissionError:
+            pass
+        else:
+            pytest.skip("permissions do not stop this user (root)")
+        new = folder / "new" / "deeper"
+        refused = _refusal(new, missing="create")
+        assert (refused.path, refused.reason) == (
+            new, f"cannot create folder {new} (Permission denied)")
+        assert not (folder / "new").exists()
+    finally:
+        folder.chmod(0o755)
+
+
+@pytest.mark.parametrize("missing", MODES)
+def test_writable_folder_in_a_folder_that_may_not_be_searched_is_one_error(closed, missing):
+    refused = _refusal(closed / "cache", missing=missing)
+    assert refused.reason.startswith("cannot look at ") and refused.reason.endswith(
+        "(Permission denied)"), refused.reason
+
+
+def test_writable_folder_refuses_an_unknown_mode_in_one_line(tmp_path):
+    with pytest.raises(ValueError) as refused:
+        files.writable_folder(tmp_path, missing="make")
+    assert str(refused.value) == "missing='make': one of refuse, parent, create"
