@@ -411,6 +411,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="check the targets and write the .md again from the recorded "
                              ".json, measuring nothing")
     args = parser.parse_args(argv)
+    scheduler = MEMORY_FIRST_FLAG.split("=")[0]
+    if scheduler in os.environ.get("XLA_FLAGS", ""):
+        # Every row would be compiled in that order, and the claim's row compared with itself.
+        parser.error(f"XLA_FLAGS sets {scheduler}: the recorded figures are XLA's default "
+                     "order (the authors'-claim row sets it in a process of its own); run "
+                     "without it")
     hw = hardware()
     presets = ["cpu-16x512"] if args.quick else ["cpu-16x512", "graphcast-small", "graphcast"]
     # A quick run lacks the 1 deg and 0.25 deg rows the chapters and README read: it has a

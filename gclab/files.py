@@ -190,8 +190,9 @@ def writable_folder(folder: PathLike, *,
 
     Raises:
       OutputPathError: something other than a folder at that path (or, with "parent", the
-        nearest existing path above it), a missing folder with "refuse", a path that cannot
-        be looked at, a folder that cannot be made, or one where no file can be created.
+        nearest existing path above it), a symbolic link to nothing there, a missing folder
+        with "refuse", a path that cannot be looked at, a folder that cannot be made, or
+        one where no file can be created.
       ValueError: `missing` is none of the allowed values.
     """
     if missing not in _MISSING:
@@ -207,6 +208,11 @@ def writable_folder(folder: PathLike, *,
             raise OutputPathError(what, f"cannot look at {e.filename or path} "
                                   f"({e.strerror or e})") from None
 
+    if not exists(folder) and folder.is_symlink():
+        # A link to nothing (or to itself): `exists` reads it as missing, and making the
+        # folder would fail on the link ("File exists") after the checks passed.
+        raise OutputPathError(what, f"{folder} is a symbolic link to {os.readlink(folder)}, "
+                              "which does not exist")
     if exists(folder):
         if not folder.is_dir():
             raise OutputPathError(what, f"{folder} is not a folder" if named else

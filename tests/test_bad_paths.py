@@ -243,25 +243,29 @@ def test_writable_folder_refuses_a_folder_no_file_can_be_created_in(read_only, m
         assert (refused.path, refused.reason) == (read_only / "new" / "deeper", reason)
 
 
-def test_writable_folder_says_a_folder_that_cannot_be_made(tmp_path):
-    """Real permissions: they do not stop root, so there the case is skipped."""
-    folder = tmp_path / "ro"
-    folder.mkdir()
-    folder.chmod(0o555)
-    try:
-        try:
-            (folder / "probe").mkdir()
-        except PermissionError:
-            pass
-        else:
-            pytest.skip("permissions do not stop this user (root)")
-        new = folder / "new" / "deeper"
-        refused = _refusal(new, missing="create")
-        assert (refused.path, refused.reason) == (
-            new, f"cannot create folder {new} (Permission denied)")
-        assert not (folder / "new").exists()
-    finally:
-        folder.chmod(0o755)
+def test_writable_folder_says_a_folder_that_cannot_be_made(tmp_path, monkeypatch):
+    """The OS refuses to make it (simulated: permissions do not stop root, who runs CI)."""
+
+    def refuse(self, *args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(pathlib.Path, "mkdir", refuse)
+    new = tmp_path / "new" / "deeper"
+    refused = _refusal(new, missing="create")
+    assert (refused.path, refused.reason) == (
+        new, f"cannot create folder {new} (Permission denied)")
+    assert not (tmp_path / "new").exists()
+
+
+@pytest.mark.parametrize("missing", MODES)
+@pytest.mark.parametrize("target", ["nowhere", "self"])
+def test_writable_folder_refuses_a_link_to_nothing_and_keeps_it(tmp_path, missing, target):
+    link = tmp_path / "out"
+    link.symlink_to(tmp_path / "nowhere" if target == "nowhere" else link)
+    refused = _refusal(link, missing=missing)
+    assert (refused.path, refused.reason) == (
+        link, f"{link} is a symbolic link to {os.readlink(link)}, which does not exist")
+    assert link.is_symlink() and not (tmp_path / "nowhere").exists()
 
 
 @pytest.mark.parametrize("missing", MODES)

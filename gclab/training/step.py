@@ -123,27 +123,43 @@ def make_optimizer(cfg: TrainConfig) -> optax.GradientTransformation:
 # compiled in a process for one model's parameters (each memory recipe, precision, layout)
 # traces the optimizer's per-leaf update once, not once per step (about a third of the
 # tracing of a small model's step). XLA inlines the nested call: the compiled step, and
-# every memory figure, is the same.
-@functools.lru_cache(maxsize=64)
+# every memory figure, is the same. Only the optimizers built here get a jitted update
+# (`_update_of`): a caller's own optimizer is traced with each step, as it may read Python
+# state, need not be hashable, and must not be kept alive by a process-wide cache. The
+# cache is unbounded: a process builds few configurations, and an object it keeps is never
+# freed, so its id is never another object's.
+_JITTED_UPDATES: dict[int, tuple[optax.GradientTransformation, Callable]] = {}
+
+
+@functools.lru_cache(maxsize=None)
 def _optimizer(cfg: TrainConfig) -> optax.GradientTransformation:
     schedule = optax.warmup_cosine_decay_schedule(
         0.0, cfg.peak_learning_rate, cfg.warmup_steps, cfg.total_steps, cfg.end_learning_rate)
     adamw = optax.adamw(schedule, b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay)
-    if cfg.grad_clip is None:
-        return adamw
-    return optax.chain(optax.clip_by_global_norm(cfg.grad_clip), adamw)
-
-
-@functools.lru_cache(maxsize=64)
-def _jitted_update(optimizer: optax.GradientTransformation) -> Callable:
-    """`optimizer`'s update and its application, as one jitted function (see `_optimizer`)."""
+    optimizer = (adamw if cfg.grad_clip is None
+                 else optax.chain(optax.clip_by_global_norm(cfg.grad_clip), adamw))
 
     @jax.jit
     def optimizer_update(grads, opt_state, params):
         updates, opt_state = optimizer.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state
 
-    return optimizer_update
+    _JITTED_UPDATES[id(optimizer)] = (optimizer, optimizer_update)
+    return optimizer
+
+
+def _update_of(optimizer) -> Callable:
+    """`(grads, opt_state, params) -> (params, opt_state)` of `optimizer`: the jitted one of
+    an optimizer `make_optimizer` built, a plain call of any other's update."""
+    built = _JITTED_UPDATES.get(id(optimizer))
+    if built is not None and built[0] is optimizer:
+        return built[1]
+
+    def update(grads, opt_state, params):
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state
+
+    return update
 
 
 class TrainState(NamedTuple):
@@ -390,7 +406,7 @@ def train_step_fn(net: hk.Transformed, optimizer: optax.GradientTransformation,
                                     task=task, rollout=rollout, weights=weights,
                                     residual_scale=residual_scale)
         with jax.named_scope("optimizer"):
-            params, opt_state = _jitted_update(optimizer)(grads, state.opt_state, state.params)
+            params, opt_state = _update_of(optimizer)(grads, state.opt_state, state.params)
         metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads)}
         return TrainState(params, opt_state, state.step + 1), metrics
 

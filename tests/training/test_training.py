@@ -260,18 +260,8 @@ def test_no_donation_unless_asked(world):
     assert "tf.aliasing_output" in texts[1] or "jax.buffer_donor" in texts[1]
 
 
-def test_steps_with_one_optimizer_trace_its_update_once(world):
-    """Steps compiled in one process with one optimizer, for one model's parameters, trace
-    the optimizer's update once between them, whatever their memory techniques (its jitted
-    update keeps its trace); `make_optimizer` gives one optimizer per configuration."""
-    calls = []
-    sgd = optax.sgd(0.1)
-
-    def update(grads, state, params=None):
-        calls.append(1)
-        return sgd.update(grads, state, params)
-
-    opt = optax.GradientTransformation(sgd.init, update)
+def _trace_two_steps(world, opt) -> None:
+    """Traces a training step with `opt` for two memory techniques of the world's model."""
     args = jax.eval_shape(lambda: (init_state_from_params(world["params"], opt),
                                    world["graph"], world["example"]))
     remat = MemoryConfig(processor_remat="step")
@@ -279,9 +269,46 @@ def test_steps_with_one_optimizer_trace_its_update_once(world):
             remat: make_network(CFG, TASK.data_channels, TASK.output_channels, remat)}
     for memory, net in nets.items():
         jax.jit(train_step_fn(net, opt, TASK, memory, 2, world["kw"]["weights"])).trace(*args)
+
+
+def test_steps_with_one_built_optimizer_trace_its_update_once(world, monkeypatch):
+    """Steps compiled in one process with an optimizer `make_optimizer` built, for one
+    model's parameters, trace its update once between them, whatever their memory
+    techniques (its jitted update keeps its trace); one optimizer per configuration."""
+    calls, adamw = [], optax.adamw
+
+    def counted(*args, **kwargs):
+        inner = adamw(*args, **kwargs)
+
+        def update(grads, state, params=None):
+            calls.append(1)
+            return inner.update(grads, state, params)
+
+        return optax.GradientTransformation(inner.init, update)
+
+    monkeypatch.setattr(optax, "adamw", counted)
+    config = TrainConfig(warmup_steps=123)  # built by no other test: counted from its first
+    _trace_two_steps(world, make_optimizer(config))
     assert len(calls) == 1
-    assert make_optimizer(TrainConfig()) is make_optimizer(TrainConfig())
-    assert make_optimizer(TrainConfig(warmup_steps=7)) is not make_optimizer(TrainConfig())
+    assert make_optimizer(config) is make_optimizer(TrainConfig(warmup_steps=123))
+    assert make_optimizer(config) is not make_optimizer(TrainConfig())
+
+
+def test_a_callers_own_optimizer_is_traced_with_each_step(world):
+    """An optimizer built elsewhere is traced anew by each step (it may read Python state
+    that changed in between) and need not be hashable."""
+    import types
+
+    calls, sgd = [], optax.sgd(0.1)
+
+    def update(grads, state, params=None):
+        calls.append(1)
+        return sgd.update(grads, state, params)
+
+    _trace_two_steps(world, optax.GradientTransformation(sgd.init, update))
+    assert len(calls) == 2
+    _trace_two_steps(world, types.SimpleNamespace(init=sgd.init, update=update))
+    assert len(calls) == 4
 
 
 # ----------------------------------------------------------------------------------------
