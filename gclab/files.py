@@ -208,12 +208,13 @@ def writable_folder(folder: PathLike, *,
             raise OutputPathError(what, f"cannot look at {e.filename or path} "
                                   f"({e.strerror or e})") from None
 
-    if not exists(folder) and folder.is_symlink():
+    present = exists(folder)
+    if not present and folder.is_symlink():
         # A link to nothing (or to itself): `exists` reads it as missing, and making the
         # folder would fail on the link ("File exists") after the checks passed.
         raise OutputPathError(what, f"{folder} is a symbolic link to {os.readlink(folder)}, "
                               "which does not exist")
-    if exists(folder):
+    if present:
         if not folder.is_dir():
             raise OutputPathError(what, f"{folder} is not a folder" if named else
                                   "not a folder")

@@ -138,14 +138,15 @@ def _optimizer(cfg: TrainConfig) -> optax.GradientTransformation:
     adamw = optax.adamw(schedule, b1=cfg.b1, b2=cfg.b2, weight_decay=cfg.weight_decay)
     optimizer = (adamw if cfg.grad_clip is None
                  else optax.chain(optax.clip_by_global_norm(cfg.grad_clip), adamw))
-
-    @jax.jit
-    def optimizer_update(grads, opt_state, params):
-        updates, opt_state = optimizer.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state
-
-    _JITTED_UPDATES[id(optimizer)] = (optimizer, optimizer_update)
+    _JITTED_UPDATES[id(optimizer)] = (
+        optimizer, jax.jit(functools.partial(_optimizer_update, optimizer)))
     return optimizer
+
+
+def _optimizer_update(optimizer, grads, opt_state, params):
+    """`optimizer`'s update applied: `(params, opt_state)` after one step."""
+    updates, opt_state = optimizer.update(grads, opt_state, params)
+    return optax.apply_updates(params, updates), opt_state
 
 
 def _update_of(optimizer) -> Callable:
@@ -154,12 +155,7 @@ def _update_of(optimizer) -> Callable:
     built = _JITTED_UPDATES.get(id(optimizer))
     if built is not None and built[0] is optimizer:
         return built[1]
-
-    def update(grads, opt_state, params):
-        updates, opt_state = optimizer.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state
-
-    return update
+    return functools.partial(_optimizer_update, optimizer)
 
 
 class TrainState(NamedTuple):
