@@ -25,6 +25,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from children import child_env  # noqa: E402
 from fresh_clone import commit  # noqa: E402
 from options import child_output  # noqa: E402
 
@@ -69,11 +70,9 @@ print(json.dumps({"seconds": seconds, "import_seconds": import_s,
 def _run_child(resolution: float, splits: int, cache_dir: str) -> dict:
     """One build in a fresh process; a failed one ends this run with the child's own error
     (the last line of its stderr), exit status 1."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     out = subprocess.run(
         [sys.executable, "-c", _CHILD, str(resolution), str(splits), cache_dir],
-        capture_output=True, text=True, env=env, cwd=str(ROOT))
+        capture_output=True, text=True, env=child_env(), cwd=str(ROOT))
     stdout = child_output(out, "graph_build.py",
                           f"the build at {resolution:g} deg / {splits} splits")
     return json.loads(stdout.strip().splitlines()[-1])

@@ -38,6 +38,7 @@ from unittest import mock
 
 import jax
 import jax.numpy as jnp
+from children import child_env
 
 from gclab import model
 from gclab.config import get_preset
@@ -209,9 +210,7 @@ def memory_with_flags(spec: StepSpec, flags: str) -> StepMemory:
             "from gclab.sizing import StepSpec, train_step_memory\n"
             "spec = StepSpec.from_json(json.loads(sys.argv[1]))\n"
             "print(json.dumps(train_step_memory(spec).to_dict()))\n")
-    env = dict(os.environ, XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} {flags}".strip(),
-               PYTHONPATH=os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH"))
-                                          if p))
+    env = child_env(XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} {flags}".strip())
     proc = subprocess.run([sys.executable, "-c", code, json.dumps(spec.to_json())], env=env,
                           capture_output=True, text=True)
     if proc.returncode:

@@ -73,6 +73,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from children import child_env
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 GIB = 2.0**30
@@ -618,8 +620,7 @@ def main(argv: list[str] | None = None) -> int:
         return measured[-1]
 
     with tempfile.TemporaryDirectory(prefix="gclab-official-bench-") as cache:
-        env = {**os.environ, "GCLAB_CACHE_DIR": cache,
-               "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        env = child_env(GCLAB_CACHE_DIR=cache)
         if not args.only_memory:
             record["memory"] = []
         for name in CONFIGS:

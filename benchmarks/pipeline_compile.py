@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from children import child_env  # noqa: E402
 from fresh_clone import ROOT, commit  # noqa: E402
 from options import child_output, named  # noqa: E402
 
@@ -72,8 +72,7 @@ print(json.dumps({"trace_seconds": t1 - t0, "lower_seconds": t2 - t1,
 
 
 def run(stages: int, preset: str, microbatches: int, shared: bool) -> dict:
-    env = dict(os.environ, JAX_ENABLE_COMPILATION_CACHE="false", JAX_PLATFORMS="cpu")
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    env = child_env(JAX_ENABLE_COMPILATION_CACHE="false", JAX_PLATFORMS="cpu")
     out = subprocess.run([sys.executable, "-c", _CHILD, str(stages), preset, str(microbatches),
                           "shared" if shared else "unshared"],
                          capture_output=True, text=True, env=env, cwd=ROOT)

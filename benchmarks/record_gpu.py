@@ -43,6 +43,8 @@ import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Callable, Optional  # noqa: E402
 
+from children import child_env  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
 # XLA's warning when its rematerialization pass cannot bring a program under its limit.
 XLA_REMAT = re.compile(r"hlo_rematerialization\.cc.*Can't reduce memory use below .*?\((\d+) "
@@ -217,9 +219,7 @@ def plan_in_fresh_process(spec_json: dict, usable: int, timeout: float = 900.0) 
     """
     # A plain subprocess, not `measure_peak`: nothing of this process is measured; the
     # fresh process is what matters, and its one line of JSON is the whole answer.
-    env = {**os.environ, "XLA_PYTHON_CLIENT_PREALLOCATE": "false",
-           "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH"))
-                                         if p)}
+    env = child_env(XLA_PYTHON_CLIENT_PREALLOCATE="false")
     try:
         proc = subprocess.run([sys.executable, "-c", _PLAN_CHILD, str(ROOT / "benchmarks"),
                                json.dumps(spec_json), str(int(usable))], capture_output=True,

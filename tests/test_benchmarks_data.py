@@ -1,5 +1,6 @@
 """The benchmark scripts' options: a bad one is refused in one line, before any work, and a
-failed run leaves the recorded results as they were.
+failed run leaves the recorded results as they were; a child process a script starts
+imports this checkout first.
 
 Every script runs in this process with its slow work stubbed (a stub that is called fails
 the test) and every file it would write under `tmp_path`.
@@ -191,3 +192,16 @@ def test_planner_calibration_whose_fit_fails_keeps_the_fitted_record(calibration
     failed = tmp_path / "results" / "planner-calibration-cpu-failed.json"
     assert json.loads(failed.read_text())["measurements"] == rows
     assert list((tmp_path / "shipped").iterdir()) == []
+
+
+def test_a_benchmark_child_imports_this_checkout_first_with_no_empty_path_entry(benchmarks):
+    from children import ROOT, child_env
+
+    here = str(ROOT)
+    assert child_env({})["PYTHONPATH"] == here
+    assert child_env({"PYTHONPATH": ""})["PYTHONPATH"] == here  # not "ROOT:" (the cwd)
+    joined = child_env({"PYTHONPATH": os.pathsep.join(["/a", "", here, "/b"])})["PYTHONPATH"]
+    assert joined.split(os.pathsep) == [here, "/a", "/b"]
+    env = child_env({"XLA_FLAGS": "--x", "HOME": "/h"}, XLA_FLAGS="--y")
+    assert (env["XLA_FLAGS"], env["HOME"]) == ("--y", "/h")
+    assert child_env(PYTHONPATH_EXTRA="1")["PATH"] == os.environ["PATH"]  # os.environ's
