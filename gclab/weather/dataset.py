@@ -11,13 +11,14 @@ change), one variable per weather variable, atmospheric ones on `level`.
 This module turns such a dataset into gclab's `RawExample` (channel layout of
 `gclab.training.data`), the statistics into gclab's `Normalization`, and back: synthetic
 weather can be written in the official layout (`synthetic_dataset`), and statistics
-computed from any dataset (`compute_stats`). Year and day progress are derived from
-`datetime` exactly as the official input extraction does (each of them, and of their sin and
-cos, that the dataset lacks), lazily: a window's frames are computed as they are read, so
-that a long dataset costs no whole-dataset arrays. Top-of-atmosphere solar radiation must be
-in the dataset. Every dataset is read in the official layout whatever its latitude order (it
-is sorted south to north) and, without a `datetime` coordinate, with the datetimes of a
-`time` that holds them (as CDO writes files) taken for `datetime` (`official_layout`).
+computed from any dataset that holds the variables a task reads (`compute_stats`). Year and
+day progress are derived from `datetime` exactly as the official input extraction does
+(each of them, and of their sin and cos, that the dataset lacks), lazily: a window's frames
+are computed as they are read, so that a long dataset costs no whole-dataset arrays.
+Top-of-atmosphere solar radiation must be in the dataset. Every dataset is read in the
+official layout whatever its latitude order (it is sorted south to north) and, without a
+`datetime` coordinate, with the datetimes of a `time` that holds them (as CDO writes files)
+taken for `datetime` (`official_layout`).
 
 `channel_permutations` gives the order of the official network's input and output
 channels (variables sorted by name; time, then level, inside a variable; forcings of the
@@ -415,7 +416,9 @@ def dataset_levels(ds, where: str) -> Optional[list]:
 
     Raises:
       DataError: a `level` that is no dimension (a scalar one, as `ds.sel(level=500)`
-        leaves): the atmospheric variables then have no level to select or read.
+        leaves): the atmospheric variables then have no level to select or read; or a
+        level repeated (selecting it would fail inside pandas, and statistics of it would
+        hold it twice).
     """
     if "level" not in ds.coords:
         return None
@@ -426,6 +429,12 @@ def dataset_levels(ds, where: str) -> Optional[list]:
                 f"a coordinate on {level.dims}, not a dimension")
         raise DataError(f"{where}: level is {held}: atmospheric variables need a level "
                         f"dimension")
+    seen = set()
+    for value in values:
+        if value in seen:
+            raise DataError(f"{where}: level repeats {value}; each pressure level may be "
+                            f"there once")
+        seen.add(value)
     return values
 
 
@@ -549,7 +558,8 @@ def add_derived_vars(ds):
     Raises:
       TypeError: `ds` not an xarray Dataset.
       DataError: a feature to recompute and no `datetime` or `lon` coordinate, or a
-        `datetime` that holds no datetimes (the message names the file and the feature).
+        `datetime` that holds no datetimes or is not on `time` (the message names the file
+        and the feature or coordinate).
     """
     _require_dataset("ds", ds)
     xarray = _xarray()
@@ -590,6 +600,7 @@ def _progress_from_datetime(ds, name: str, where: str) -> dict:
             raise DataError(f"{where}: the dataset has no {coord!r} coordinate (needed to "
                             f"compute the {name}_sin and {name}_cos forcings, which it lacks)")
     _check_time_kind(ds.coords["datetime"], "datetime", where)
+    _check_datetime_dims(ds.coords["datetime"], where)
     seconds = np.asarray(ds.coords["datetime"].values).astype("datetime64[s]").astype(
         np.int64)  # [B, T] or [T]: 8 bytes a time step, as the coordinate itself
     dims = tuple(ds.coords["datetime"].dims)  # (batch, time) or (time,)
@@ -622,8 +633,10 @@ def compute_stats(ds) -> Stats:
 
     Raises:
       TypeError: `ds` not an xarray Dataset.
-      DataError: fewer than 2 time steps (the 6-hour change needs two), a time axis that
-        is not 6-hourly, a `level` that is no dimension (`dataset_levels`), progress
+      DataError: fewer than 2 time steps (the 6-hour change needs two), a lat, lon or
+        level with no values, a time axis that is not 6-hourly, no `level` or one that is
+        no dimension or repeats a level (`dataset_levels`), a variable a task reads
+        missing or with dims its kind does not allow (`_check_variables`), progress
         features to compute and no `datetime` (nor a `time` of datetimes), a damaged chunk,
         a variable gclab uses holding a value that is not finite (other variables skip
         NaN, as xarray does), or a statistic gclab reads that `load_stats` would refuse: a
@@ -643,8 +656,15 @@ def compute_stats(ds) -> Stats:
                         f"6-hour change ({STATS_FILES['diffs_stddev']}) needs at least 2 "
                         f"time steps")
     ds = official_layout(ds)
+    for dim in ("lat", "lon", "level"):  # an empty time is refused above
+        if ds.sizes.get(dim) == 0:  # else NaN statistics, or none by level
+            raise DataError(f"{where}: {dim} has no values")
     check_times(ds, where)
-    dataset_levels(ds, where)  # else 0-d statistics, which no task can read by level
+    # Else 0-d statistics, or none of a variable: written, no task could read them.
+    if dataset_levels(ds, where) is None:
+        raise DataError(f"{where}: no 'level' coordinate (the atmospheric variables' "
+                        f"statistics are by level)")
+    _check_variables(ds, where)
     ds = add_derived_vars(ds)
     out: tuple = ({}, {}, {})  # mean, stddev, diffs_stddev: {variable: statistic}
     for name, v in ds.data_vars.items():
@@ -786,9 +806,22 @@ def _check_time_kind(coord, name: str, where: str) -> None:
         raise DataError(f"{where}: {name} holds {coord.dtype} values, it must hold {allowed}")
 
 
+def _check_datetime_dims(coord, where: str) -> None:
+    """Refuses a `datetime` coordinate that is not on `time` (a scalar reference time, or
+    one per batch row): the progress forcings computed from it would have no time to step
+    along, and a message would name the wrong time step's datetime."""
+    if set(coord.dims) in ({"time"}, {"batch", "time"}):
+        return
+    held = (f"a scalar coordinate ({_when(coord.values)})" if coord.ndim == 0 else
+            f"a coordinate on {coord.dims}")
+    raise DataError(f"{where}: datetime is {held}; it must be on time (or batch and time), "
+                    f"the datetime of each time step")
+
+
 def check_times(ds, what: Optional[str] = None) -> None:
     """Refuses a time axis GraphCast cannot step along: times that are not 6 hours apart,
-    out of order or repeated, in `datetime` (per batch row) or in `time` (lead times).
+    out of order or repeated, in `datetime` (per batch row) or in `time` (lead times), and
+    a `datetime` that is not on `time` (`_check_datetime_dims`).
 
     `datetime` must hold datetimes (`datetime64`) and `time` lead times (`timedelta64`)
     or datetimes: a `time` of plain numbers (hours, say) is refused rather than guessed at,
@@ -810,6 +843,8 @@ def check_times(ds, what: Optional[str] = None) -> None:
             continue
         coord = ds.coords[name]
         _check_time_kind(coord, name, what)
+        if name == "datetime":
+            _check_datetime_dims(coord, what)
         if "time" not in coord.dims or coord.sizes["time"] < 2:
             continue  # no times to step along
         values = coord.transpose(..., "time").values  # [..., T]
@@ -875,6 +910,26 @@ def _check_dims(var, name: str, what: str) -> None:
                     f"variable's dims are {', '.join(must)} and, optionally, {', '.join(may)}")
 
 
+#: The variables a task reads from a dataset; the progress features may be derived instead.
+DATASET_VARIABLES = frozenset(SURFACE_VARIABLES + ATMOSPHERIC_VARIABLES + STATIC_VARIABLES
+                              + ("toa_incident_solar_radiation",))
+
+
+def _check_variables(ds, what: str) -> None:
+    """Refuses a dataset that lacks a variable a task reads, or has one (or a progress
+    feature) with dims its kind does not allow (`_check_dims`): the one rule of both the
+    examples (`check_dataset`) and the statistics (`compute_stats`), so that statistics
+    are computed only where every task's variables are there, atmospheric ones by level."""
+    absent = sorted(DATASET_VARIABLES - set(ds.data_vars))
+    if absent:
+        raise DataError(f"{what}: missing variable {absent[0]!r} (needed: "
+                        f"{', '.join(sorted(DATASET_VARIABLES))})")
+    given = [f for f in FORCING_VARIABLES + PROGRESS  # progress features of the dataset
+             if f in ds.data_vars and f not in DATASET_VARIABLES]
+    for name in sorted(DATASET_VARIABLES) + given:
+        _check_dims(ds[name], name, what)
+
+
 def check_dataset(ds, task: TaskConfig, grid_lat: Optional[np.ndarray] = None,
                   grid_lon: Optional[np.ndarray] = None, what: Optional[str] = None):
     """Selects the task's levels and adds derived forcings; names a missing part.
@@ -912,16 +967,7 @@ def check_dataset(ds, task: TaskConfig, grid_lat: Optional[np.ndarray] = None,
         raise DataError(f"{what}: level has no pressure levels {missing} (it has "
                         f"{levels})")
     ds = ds.sel(level=list(task.pressure_levels))
-    needed = set(SURFACE_VARIABLES + ATMOSPHERIC_VARIABLES + STATIC_VARIABLES) | {
-        "toa_incident_solar_radiation"}
-    absent = sorted(needed - set(ds.data_vars))
-    if absent:
-        raise DataError(f"{what}: missing variable {absent[0]!r} (needed: "
-                        f"{', '.join(sorted(needed))})")
-    given = [f for f in FORCING_VARIABLES + PROGRESS  # progress features of the dataset
-             if f in ds.data_vars and f not in needed]
-    for name in sorted(needed) + given:
-        _check_dims(ds[name], name, what)
+    _check_variables(ds, what)
     for name in STATIC_VARIABLES:  # constant in time: the first time step and batch row
         first = {d: 0 for d in ("batch", "time") if d in ds[name].dims}
         if first:
@@ -935,17 +981,20 @@ def check_dataset(ds, task: TaskConfig, grid_lat: Optional[np.ndarray] = None,
 
 
 def _grid(var, frames: slice, where: str, used: slice = slice(None),
-          batch: int = 1) -> np.ndarray:
+          batch: int = 1, rows: Optional[list] = None) -> np.ndarray:
     """A variable's frames as [T, Ng, B] or [T, Ng, B, levels] (float32, as stored).
 
     The frames are checked as they are read (a dataset may be streamed, larger than
     memory): a damaged chunk, or a value that is not finite in the frames `used` (rows of
     the T read) is a `DataError` naming `where` (the file), the variable and the first time
     step that has one. A variable without `batch` (or one `datetime` for all rows, whose
-    progress forcings have none) is broadcast to `batch` rows.
+    progress forcings have none) is broadcast to `batch` rows. `rows` are the dataset's
+    batch rows that `var`'s are (one window's row, `DatasetWeather.raw_batch`), for the
+    message; None where they are the dataset's own.
     """
     dims = [d for d in ("time", "lat", "lon", "batch", "level") if d in var.dims]
     if "batch" not in var.dims:
+        rows = None  # the same values for every row: the message names none
         var = var.expand_dims("batch")
         dims.insert(3, "batch")
     if "time" in var.dims:
@@ -959,23 +1008,28 @@ def _grid(var, frames: slice, where: str, used: slice = slice(None),
     finite = np.isfinite(a[used])
     if not finite.all():
         raise DataError(_not_finite(var, a[used], finite, used.start or 0,
-                                    frames.start or 0, where))
+                                    frames.start or 0, where, rows))
     T, n_lat, n_lon = a.shape[:3]
     a = a.reshape((T, n_lat * n_lon) + a.shape[3:])
     return np.broadcast_to(a, a.shape[:2] + (batch,) + a.shape[3:]) if a.shape[2] == 1 else a
 
 
 def _not_finite(var, a: np.ndarray, finite: np.ndarray, row: int, start: int,
-                where: str) -> str:
+                where: str, rows: Optional[list] = None) -> str:
     """The message for the first value that is not finite in frames `a` of `var` (dims
     `var.dims`, time first; `a` starts at row `row` of `var`, which starts at time step
-    `start` of the file): the file, the variable, the time step, its datetime, the value."""
+    `start` of the file): the file, the variable, the time step, its datetime, the value,
+    and the batch row (of the dataset: `rows[b]` for `var`'s row b where `rows` is given,
+    else b where `var` has more than one)."""
     i = np.unravel_index(np.argmin(finite), a.shape)
     if "time" not in var.dims:
         return _non_finite(where, var.name, a[i])
     pos = dict(zip(var.dims, (int(j) for j in i)))
     t = row + pos["time"]  # in `var`, whose `datetime` holds the frames read
-    batch_row = pos["batch"] if var.sizes["batch"] > 1 else None
+    if rows is not None:
+        batch_row = rows[pos["batch"]]
+    else:
+        batch_row = pos["batch"] if var.sizes["batch"] > 1 else None
     return _non_finite(where, var.name, a[i], start + t, _datetime(var.coords, t, pos["batch"]),
                        batch_row)
 
@@ -1000,7 +1054,7 @@ def _non_finite(where: str, name, value, step: Optional[int] = None,
 
 
 def _targets(ds, task: TaskConfig, frames: slice, where: str,
-             check_targets: bool) -> np.ndarray:
+             check_targets: bool, rows: Optional[list] = None) -> np.ndarray:
     """Target variables [2 + T, Ng, B, O] in gclab order (two input frames, then the T
     target frames that `frames` holds, none for a forecast).
 
@@ -1012,12 +1066,13 @@ def _targets(ds, task: TaskConfig, frames: slice, where: str,
     parts = []
     for v in SURFACE_VARIABLES + ATMOSPHERIC_VARIABLES:
         used = slice(0 if v in inputs else 2, None if check_targets else 2)
-        a = _grid(ds[v], frames, where, used, ds.sizes.get("batch", 1))
+        a = _grid(ds[v], frames, where, used, ds.sizes.get("batch", 1), rows)
         parts.append(a[..., None] if v in SURFACE_VARIABLES else a)
     return np.concatenate(parts, -1)
 
 
-def _forcings(ds, frames: slice, n_nodes: int, n_lon: int, where: str) -> np.ndarray:
+def _forcings(ds, frames: slice, n_nodes: int, n_lon: int, where: str,
+              rows: Optional[list] = None) -> np.ndarray:
     """Forcings [T, Ng, B, 5] in `FORCING_VARIABLES` order."""
     out = []
     for name in FORCING_VARIABLES:
@@ -1026,7 +1081,7 @@ def _forcings(ds, frames: slice, n_nodes: int, n_lon: int, where: str) -> np.nda
             var = var.expand_dims(lat=ds.sizes["lat"])
         if "lon" not in var.dims:
             var = var.expand_dims(lon=n_lon)
-        out.append(_grid(var, frames, where, batch=ds.sizes.get("batch", 1)))
+        out.append(_grid(var, frames, where, batch=ds.sizes.get("batch", 1), rows=rows))
     return np.stack(out, -1)
 
 
@@ -1038,11 +1093,14 @@ def raw_example(ds, task: TaskConfig, start: int = 0, rollout: int = 1,
     the dataset (the last row, which no step uses) repeats the last frame's. Only these
     frames are read, and checked as they are: a damaged chunk, or a value that is not
     finite in the inputs, forcings, statics or (`check_targets`, for training) the target
-    frames, is a `DataError` naming the file, the variable and the time step. A forecast
-    uses only the target frames' forcings: the weather of frames not yet observed may be
-    NaN (as in the official rollout's `targets_template`), and with `read_targets=False`
-    (`gclab.weather.forecast`) it is not read at all: the weather variables' two input
-    frames are, the forcings of every frame, and `targets` is empty ([0, Ng, B, O]).
+    frames, is a `DataError` naming the file, the variable, the time step and, where the
+    dataset has more than one, the batch row. Latitudes are read south to north, as
+    everywhere in this module (`lat_south_to_north`), whatever the dataset's order. A
+    forecast uses only the target frames' forcings: the weather of frames not yet observed
+    may be NaN (as in the official rollout's `targets_template`), and with
+    `read_targets=False` (`gclab.weather.forecast`) it is not read at all: the weather
+    variables' two input frames are, the forcings of every frame, and `targets` is empty
+    ([0, Ng, B, O]).
 
     Raises:
       TypeError: `ds` not an xarray Dataset, `task` not a `TaskConfig`.
@@ -1051,11 +1109,21 @@ def raw_example(ds, task: TaskConfig, start: int = 0, rollout: int = 1,
         is not the task's pressure levels, in its order (`check_dataset` selects them), or
         no dimension; a damaged chunk or a value that is not finite.
     """
+    return _raw_example(ds, task, start, rollout, check_targets, read_targets)
+
+
+def _raw_example(ds, task: TaskConfig, start: int, rollout: int, check_targets: bool = True,
+                 read_targets: bool = True, rows: Optional[list] = None) -> RawExample:
+    """`raw_example`; `rows` are the batch rows of the dataset `ds` was selected from
+    (`DatasetWeather.raw_batch`'s one window), which a message names (`_grid`)."""
     _require_dataset("ds", ds)
     require_kind("task", task, TaskConfig)
     start, rollout = require_count("start", start, 0), require_count("rollout", rollout, 1)
     require_kind("read_targets", read_targets, (bool, np.bool_), "True or False")
     where = _source(ds)
+    # A north-to-south dataset read as it is stored would put every row of the grid where
+    # the network expects its mirror image (only `lat` is read for this).
+    ds = lat_south_to_north(ds)
     # Levels are read in the dataset's order: any other set or order than the task's
     # would put channels where the network expects others (or index past them).
     levels = dataset_levels(ds, where)
@@ -1072,9 +1140,10 @@ def raw_example(ds, task: TaskConfig, start: int = 0, rollout: int = 1,
     n_nodes = ds.sizes["lat"] * n_lon
     read = rollout if read_targets else 0  # target frames of weather read
     frames = _targets(ds, task, slice(t - 1, t + read + 1), where,
-                      check_targets)  # [2 + T (or 0), Ng, B, O]
+                      check_targets, rows)  # [2 + T (or 0), Ng, B, O]
     stop = min(n, t + rollout + 2)
-    forc = _forcings(ds, slice(t - 1, stop), n_nodes, n_lon, where)  # [<= T + 3, Ng, B, 5]
+    forc = _forcings(ds, slice(t - 1, stop), n_nodes, n_lon, where,
+                     rows)  # [<= T + 3, Ng, B, 5]
     if forc.shape[0] < rollout + 3:
         forc = np.concatenate([forc, forc[-1:]], 0)
     statics = np.concatenate([_grid(ds[s], slice(None), where) [..., None]
@@ -1204,7 +1273,9 @@ class DatasetWeather:
             w = (first + j) % self.windows(rollout)
             row, t = divmod(w, per_row)
             ds = self.ds.isel(batch=[row]) if "batch" in self.ds.dims else self.ds
-            parts.append(raw_example(ds, self.task, t, rollout))
+            # The row is named in a message of a dataset of more than one (`_grid`).
+            rows = [row] if self.batch_rows > 1 else None
+            parts.append(_raw_example(ds, self.task, t, rollout, rows=rows))
         return RawExample(*(np.concatenate(x, axis=-2) for x in zip(*parts)))
 
     def make_batch(self, batch: int, rollout: int = 1, start: int = 1):

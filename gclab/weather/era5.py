@@ -19,7 +19,7 @@ from typing import Optional, Sequence, Union
 
 import numpy as np
 
-from gclab.config import require_kind
+from gclab.config import WrongType, a_kind, is_number, require_kind
 from gclab.weather.dataset import (
     DataError,
     dataset_levels,
@@ -36,6 +36,29 @@ def is_weatherbench(ds) -> bool:
     return "latitude" in ds.dims or "longitude" in ds.dims
 
 
+#: What `levels` of `open_era5` and `to_official_layout` must be, in a message's words.
+LEVELS = "a non-empty sequence of distinct pressure levels (numbers, such as (500, 850))"
+
+
+def _require_levels(levels) -> None:
+    """Refuses `levels` (not None) that is no sequence of distinct numbers, naming it: a
+    number alone would end in a TypeError from inside, a str be read a character at a time,
+    a level given twice be selected twice, and none select no atmospheric level at all."""
+    if isinstance(levels, (str, bytes)) or not isinstance(levels, (Sequence, np.ndarray)):
+        raise WrongType(f"levels={levels!r} is invalid: {LEVELS}, not {a_kind(levels)}")
+    values = list(levels)
+    if not values:
+        raise ValueError(f"levels={levels!r} is invalid: {LEVELS}")
+    seen = set()
+    for value in values:
+        if not is_number(value):
+            raise WrongType(f"levels={levels!r} is invalid: {LEVELS}; {value!r} is not a "
+                            f"number")
+        if value in seen:
+            raise ValueError(f"levels={levels!r} is invalid: {LEVELS}; {value} repeats")
+        seen.add(value)
+
+
 def to_official_layout(ds, times: Optional[slice] = None,
                        levels: Optional[Sequence[int]] = None):
     """A WeatherBench2-style dataset (lazy) -> the official layout (still lazy).
@@ -46,14 +69,22 @@ def to_official_layout(ds, times: Optional[slice] = None,
       levels: pressure levels to keep, or None for all.
 
     Raises:
-      TypeError, ValueError: `times` not a slice of datetimes (named).
-      DataError: a dimension missing, `time` not datetimes, no time step in `times`, or,
+      TypeError, ValueError: `times` not a slice of datetimes, or `levels` not a non-empty
+        sequence of distinct numbers (named).
+      DataError: a dimension missing, both a WeatherBench2 name and the official one
+        (`latitude` and `lat`, say), `time` not datetimes, no time step in `times`, or,
         with `levels`, no `level` dimension or a level of `levels` missing.
     """
+    if levels is not None:
+        _require_levels(levels)
     for dim in ("time", "latitude", "longitude"):
         if dim not in ds.dims:
             raise DataError(f"WeatherBench2 dataset: no {dim!r} dimension (dims are "
                             f"{sorted(ds.dims)})")
+    for old, new in RENAMES.items():  # else xarray's rename fails inside
+        if new in ds.variables or new in ds.dims:
+            raise DataError(f"WeatherBench2 dataset: it has both {old!r} and {new!r}; "
+                            f"{old!r} is read as {new!r}, so only one of them may be there")
     if not np.issubdtype(ds["time"].dtype, np.datetime64):
         raise DataError("WeatherBench2 dataset: 'time' must hold datetimes, it holds "
                         f"{ds['time'].dtype}")
@@ -89,10 +120,14 @@ def open_era5(path: PathLike, times: Optional[slice] = None,
     """Opens a WeatherBench2-style zarr store lazily, in the official layout.
 
     Raises:
+      TypeError, ValueError: `times` or `levels` that `to_official_layout` refuses (named;
+        `levels` before the store is opened).
       DataError: no such store, not a readable zarr store, or what `to_official_layout`
         refuses (the message names the store); or a module of the `data` extra that
         reading it needs (xarray, dask, zarr) not installed.
     """
+    if levels is not None:
+        _require_levels(levels)
     xarray = import_data_extra("xarray")
     import_data_extra("dask")  # the store is opened lazily, one chunk per time step
     import_data_extra("zarr")

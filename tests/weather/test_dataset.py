@@ -228,9 +228,9 @@ def test_non_finite_weather_is_refused_where_it_is_read(tmp_path, written, weath
     stats = wd.compute_stats(ds.isel(time=slice(0, 3)))
     source = wd.DatasetWeather(nan, TASK, stats, weather.grid_lat, weather.grid_lon)
     source.make_batch(2, rollout=1, start=1)  # windows of row 0
-    with pytest.raises(wd.DataError, match=f"^{path}: variable 'temperature' .* time step 3 "
-                                           f"\\({when}\\)$"):
+    with pytest.raises(wd.DataError) as e:  # the row is named, as where the file is read
         source.make_batch(1, rollout=1, start=1 + 4 * SAMPLE_SPACING)  # row 1, frames 1..3
+    assert str(e.value) == text
     # Infinity in a forcing; NaN in a static field, which has no time step.
     inf = clean.copy(deep=True)
     inf["toa_incident_solar_radiation"][0, 2, 0, 0] = np.inf
