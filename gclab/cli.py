@@ -17,7 +17,9 @@ VALUE: what is allowed`, with exit status 2, before any work starts (output path
 included). Work too large for this machine is refused the same way, with the estimate and
 the limit. A failed check, a training run that diverges, processes that do not all join a
 multi-process run in time, or a file that cannot be written in the middle of a run, exits
-with status 1; Ctrl-C with status 130.
+with status 1; Ctrl-C with status 130 (what was completed kept: `train`'s last step saved
+to --checkpoint-dir, `sweep`'s rows written to --out), and a training run that SIGTERM
+stopped the same way with 143.
 """
 
 from __future__ import annotations
@@ -60,7 +62,6 @@ from gclab.memory.config import (
     PRECISIONS,
     RECIPES,
     REMAT_SPEC_HELP,
-    get_recipe,
     parse_remat_spec,
 )
 from gclab.model.reference import load_fixture, run_checks
@@ -83,13 +84,14 @@ from gclab.parallel.processes import (
 )
 from gclab.sizing.layout_plan import plan_layout
 from gclab.sizing.planner import BUDGET_HELP, NothingFits, parse_budget, plan
-from gclab.sizing.step import StepSpec, compile_train_step, train_step_timeline
+from gclab.sizing.step import StepSpec, compile_train_step, recipe_memory, train_step_timeline
 from gclab.sizing.sweep import MEASURES, save_sweep, sweep
 from gclab.sizing.sweep import grid as sweep_grid
 from gclab.training.loop import (
     DEFAULT_SCHEDULE_STEPS,
     KEPT_CHECKPOINTS,
     CheckpointDirError,
+    ModelMismatch,
     RestoreError,
     SaveError,
     ScheduleMismatch,
@@ -148,6 +150,25 @@ _ARGPARSE_PHRASES = ("expected ", "invalid choice", "ignored explicit argument",
 
 class UsageError(ValueError):
     """Bad command-line input; printed without a traceback."""
+
+
+class _Interrupted(KeyboardInterrupt):
+    """A stop (Ctrl-C, or SIGTERM during `gclab train`'s steps) a command has said its own
+    line about already (what it saved or wrote); `exit_status` is the process's."""
+
+    def __init__(self, exit_status: int = 130) -> None:
+        super().__init__()
+        self.exit_status = exit_status
+
+
+def _stop(e: KeyboardInterrupt) -> tuple[str, int]:
+    """(what happened, in a word or three; the exit status) of a run stopped by `e`: Ctrl-C
+    is 'interrupted', 130; a stop that carries its own `exit_status` (SIGTERM during
+    `gclab train`'s steps, `gclab.training.loop.Terminated`: 143) says what it was."""
+    status = getattr(e, "exit_status", None)
+    if isinstance(status, int) and not isinstance(status, bool) and status != 130:
+        return str(e) or "stopped", status
+    return "interrupted", 130
 
 
 class _Parser(argparse.ArgumentParser):
@@ -224,12 +245,13 @@ def _model_field(field: str, parse: Callable[[str], Any]) -> Callable[[str], Any
 
 
 def _model_list(field: str) -> Callable[[str], list[int]]:
-    """Comma-separated integers, each a valid `ModelConfig` field."""
+    """Comma-separated integers, each a valid `ModelConfig` field; a repeat is left out (it
+    would compile the same step again)."""
     one = _model_field(field, _parse_int)
 
     def convert(text: str) -> list[int]:
         try:
-            return [one(part) for part in text.split(",")]
+            return list(dict.fromkeys(one(part) for part in text.split(",")))
         except argparse.ArgumentTypeError:
             raise _bad(text, f"comma-separated integers, each >= 1 (and <= {MAX_INT32})"
                        ) from None
@@ -265,10 +287,11 @@ def _preset(text: str) -> str:
 
 
 def _recipes(text: str) -> list[str]:
+    """Comma-separated recipe names; a repeat is left out (the same step again)."""
     names = [r.strip() for r in text.split(",")]
     if not all(n in RECIPES for n in names):
         raise _bad(text, "comma-separated recipes, each one of " + ", ".join(RECIPES))
-    return names
+    return list(dict.fromkeys(names))
 
 
 def _kept_as_typed(parse: Callable[[str], Any], allowed: str) -> Callable[[str], str]:
@@ -582,18 +605,23 @@ def _resolve_model(args):
 
 
 def _resolve_memory(args, recipe: str):
-    mem = get_recipe(recipe, args.precision)
-    changes = {}
-    if args.remat is not None:
-        changes.update(parse_remat_spec(args.remat))
-    if args.edge_block is not None:
-        changes["edge_block_size"] = args.edge_block or None
-        if not args.edge_block:  # no blocks: nor what needs them
-            changes["processor_edge_blocks"] = False
-            changes["stream_grid_nodes"] = False
-    if args.rollout > 1 and recipe != "none":
-        changes["rollout_remat"] = True
-    return mem.replace(**changes) if changes else mem
+    """The techniques of `recipe` with the memory options, as `sweep` makes them too
+    (`gclab.sizing.step.recipe_memory`).
+
+    With a pipeline's per-stage remat (`--parallel ...,stage-remat:A/B`), which takes the
+    place of the processor remat, the recipe's own processor remat gives way to it (as
+    `gclab plan` sizes such a layout with any recipe); a --remat other than none with it is
+    refused, since it would do nothing."""
+    remat = getattr(args, "remat", None)
+    layout = getattr(args, "layout", None)
+    staged = layout is not None and layout.stage_remat is not None
+    if staged and remat is not None and parse_remat_spec(remat)["processor_remat"] != "none":
+        raise UsageError(f"--remat {_shown(remat)}: only none with --parallel "
+                         f"{_shown(args.parallel)} (its stage-remat sets each stage's "
+                         f"checkpointed steps in place of the processor remat)")
+    return recipe_memory(recipe, args.precision, rollout=args.rollout,
+                         remat="none" if staged else remat,
+                         edge_block=getattr(args, "edge_block", None))
 
 
 def _check_remat(args, model: ModelConfig, where: str = "") -> None:
@@ -614,7 +642,7 @@ def _spec(args, recipe: str) -> StepSpec:
     model, task = _resolve_model(args)
     _check_remat(args, model)
     return StepSpec(model, task, _resolve_memory(args, recipe), batch=args.batch,
-                    rollout=args.rollout)
+                    rollout=args.rollout, recipe=recipe)
 
 
 def _finite(obj):
@@ -696,7 +724,7 @@ def cmd_memory(args) -> int:
     layout = args.layout
     spec = dataclasses.replace(_spec(args, args.recipe), parallel=layout)
     compiled = compile_train_step(spec)
-    record = {**compiled.memory.to_dict(), **spec.describe(),
+    record = {**compiled.memory.to_dict(), **spec.describe(), "technique": spec.technique(),
               "devices": layout.devices, "parallel": layout.spec,
               "collectives": compiled.collectives}
     if compiled.cannot_run is not None:  # its memory is still the compiled step's
@@ -766,19 +794,81 @@ def cmd_sweep(args) -> int:
                        args.steps_list or [model.processor_steps], task,
                        techniques=args.recipes, precision=args.precision, batch=args.batch,
                        rollout=args.rollout)
-    df = sweep(specs, measure=args.measure, cache_path=cache)
+    width = max(10, *(len(spec.technique()) for spec in specs))
+    try:
+        df = sweep(specs, measure=args.measure, cache_path=cache)
+    except KeyboardInterrupt as e:
+        done = getattr(e, "rows", None)
+        if done is None:  # not in a row (before the first, say)
+            raise
+        _sweep_interrupted(args, specs, done, width)
     save_sweep(df, args.out)
-    for _, r in df.iterrows():
-        print(f"{r['model.processor_steps']:>3} x {r['model.latent_size']:<5} "
-              f"{r['technique']:<10} total {format_bytes(r['total_bytes'])} "
-              f"temp {format_bytes(r['temp_bytes'])} {r['status']}")
+    _print_sweep_rows(df, args.measure, width)
     print(f"wrote {args.out}")
+    status = 0 if (df["status"] == "ok").all() else 1
     if args.plot:
         from gclab.plots import plot_sweep  # matplotlib: only for a picture (plot_suffixes)
 
-        _save_figure(plot_sweep(df), args.plot)
+        column, title = _SWEEP_PLOTS[args.measure]
+        try:
+            fig = plot_sweep(df, y=column, title=title)
+        except ValueError:  # every row failed: the chart would be empty
+            print(f"gclab sweep: --plot {_shown(str(args.plot))}: not written: no row has a "
+                  f"{column} to draw (see the rows' status)", file=sys.stderr)
+            return 1
+        _save_figure(fig, args.plot)
         print(f"wrote {args.plot}")
-    return 0 if (df["status"] == "ok").all() else 1
+    return status
+
+
+#: (column, title) of the picture of a sweep of each --measure: a measured sweep has no
+#: compiled bytes, only the peak its fresh process measured.
+_SWEEP_PLOTS = {"compiled": ("total_bytes", "Compiled memory per technique"),
+                "timed": ("total_bytes", "Compiled memory per technique"),
+                "measured": ("peak_bytes", "Measured peak per technique"),
+                "both": ("total_bytes", "Compiled memory per technique")}
+
+
+def _seconds(value) -> str:
+    """A step time in milliseconds, or n/a (none: a row that failed)."""
+    if value is None or not np.isfinite(float(value)):
+        return "n/a"
+    return f"{1000 * float(value):.1f} ms"
+
+
+def _print_sweep_rows(df, measure: str, width: int) -> None:
+    """One line per row: compiled total and temp bytes, the measured peak and the step time,
+    each where `measure` gives it, and the status."""
+    for _, r in df.iterrows():
+        parts = []
+        if measure != "measured":
+            parts += [f"total {format_bytes(r['total_bytes'])}",
+                      f"temp {format_bytes(r['temp_bytes'])}"]
+        if measure in ("measured", "both"):
+            parts.append(f"peak {format_bytes(r['peak_bytes'])}")
+        if measure != "compiled":
+            parts.append(f"step {_seconds(r['step_seconds'])}")
+        print(f"{r['model.processor_steps']:>3} x {r['model.latent_size']:<5} "
+              f"{r['technique']:<{width}} {' '.join(parts)} {r['status']}")
+
+
+def _sweep_interrupted(args, specs: list, done, width: int) -> None:
+    """Keeps the rows a sweep completed before Ctrl-C: they are written to --out (a whole
+    record of those rows; nothing is written, nor an earlier file replaced, where there is
+    none), and the rows not run are listed as such."""
+    if len(done):
+        save_sweep(done, args.out)
+        _print_sweep_rows(done, args.measure, width)
+    for spec in specs[len(done):]:
+        m = spec.model
+        print(f"{m.processor_steps:>3} x {m.latent_size:<5} {spec.technique():<{width}} not run")
+    wrote = (f"wrote them to {args.out}" if len(done)
+             else f"nothing was written to --out {_shown(str(args.out))}")
+    left = len(specs) - len(done)
+    print(f"gclab sweep: interrupted after {len(done)} of {len(specs)} rows; {wrote}; the "
+          f"{left} row{'s' if left > 1 else ''} marked 'not run' above "
+          f"{'were' if left > 1 else 'was'} not run", file=sys.stderr)
+    raise _Interrupted
 
 
 def _check_plan_options(args) -> None:
@@ -1138,6 +1228,30 @@ def _schedule_mismatch(e: ScheduleMismatch, folder: str) -> str:
             f"with that, or start another --checkpoint-dir")
 
 
+#: The option of each model setting a checkpoint records (`gclab.training.loop.MODEL_SETTINGS`;
+#: the mesh2grid normalisation has none: it comes with --init-checkpoint only).
+_MODEL_OPTIONS = {"resolution": "--resolution", "mesh_splits": "--mesh-splits",
+                  "radius_query_fraction_edge_length": "--radius-fraction",
+                  "pressure_levels": "--levels", "precision": "--precision"}
+
+
+def _model_mismatch(e: ModelMismatch, folder: str) -> Optional[str]:
+    """The one-line message of a resumed run of another model function, naming its option
+    (None for a setting no option sets: the folder's message is said instead)."""
+    option = _MODEL_OPTIONS.get(e.name)
+    if option is None:
+        return None
+
+    def shown(value) -> str:  # levels as --levels counts them; numbers as typed
+        if isinstance(value, (list, tuple)):
+            return str(len(value))
+        return f"{value:g}" if isinstance(value, float) else str(value)
+
+    return (f"{option} {shown(e.given)}: the checkpoint in --checkpoint-dir {folder} (step "
+            f"{e.step}) was trained with {option} {shown(e.stored)}; resume with that, or "
+            f"start another --checkpoint-dir")
+
+
 def _check_train_options(args) -> None:
     """Refuses, before any work, what `gclab train` would ignore or fail on at its end."""
     if args.train_steps > args.schedule_steps:  # the rate and decay are 0 past it
@@ -1263,6 +1377,10 @@ def cmd_train(args) -> int:
         raise UsageError(f"--parallel {_shown(args.parallel)}: {e.reason}") from None
     except ScheduleMismatch as e:  # resuming would change the run: the option, not the folder
         raise UsageError(_schedule_mismatch(e, _shown(str(args.checkpoint_dir)))) from None
+    except ModelMismatch as e:  # another model function: its option, where one sets it
+        folder = _shown(str(args.checkpoint_dir))
+        raise UsageError(_model_mismatch(e, folder) or f"--checkpoint-dir {folder}: {e}"
+                         ) from None
     except (RestoreError, CheckpointDirError) as e:  # the checkpoint folder
         raise UsageError(f"--checkpoint-dir {_shown(str(args.checkpoint_dir))}: {e}") from None
     except StepsReached as e:  # the run would take no step, and save nothing
@@ -1296,9 +1414,11 @@ def cmd_train(args) -> int:
         stopped = getattr(e, "stopped", None)
         if stopped is None:
             raise
-        print(f"gclab train: interrupted at step {stopped.step}; {_stopped_saved(args, stopped)}",
+        # `train` saved synchronously (orbax's writes had ended) before it re-raised.
+        what, status = _stop(e)
+        print(f"gclab train: {what} at step {stopped.step}; {_stopped_saved(args, stopped)}",
               file=sys.stderr)
-        return 130
+        raise _Interrupted(status) from e
     except (ValueError, OSError) as e:  # a step's data (a DataError) or a file that failed
         stopped = getattr(e, "stopped", None)
         if stopped is None:
@@ -1482,7 +1602,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "there, deleting older ones, and DIR must hold no other entry named like a "
                    "step (a number). A resumed run must keep --schedule-steps, "
                    "--learning-rate, --batch, --rollout, --data (the same dataset) and --stats, "
-                   "or their absence, and --seed on synthetic weather")
+                   "or their absence, --seed on synthetic weather, and the model's "
+                   "--resolution, --mesh-splits, --radius-fraction, --levels and --precision")
     g.add_argument("--save-every", type=_count(1), metavar="N",
                    help="with --checkpoint-dir, also save there after every N-th step (N, 2N, "
                    "...), so that a run killed outright (out of memory, preempted) resumes from "
@@ -1553,7 +1674,19 @@ def _one_line_warnings(command: Optional[str]):
     return show
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Optional[Sequence[str]] = None, *,
+         exit_on_interrupt: Optional[bool] = None) -> int:
+    """Runs one command and returns its exit status.
+
+    Args:
+      argv: the words after `gclab` (default: this process's command line).
+      exit_on_interrupt: on Ctrl-C, end the process at once with status 130 (143 for
+        SIGTERM during `gclab train`'s steps) rather than return it (`_exit_interrupted`);
+        by default where `argv` is None, that is where `main` runs as the program (`gclab`,
+        `python -m gclab`), not called in a process that goes on.
+    """
+    if exit_on_interrupt is None:
+        exit_on_interrupt = argv is None
     for stream in (sys.stdout, sys.stderr):
         # A path's bytes that are not text in the locale's encoding (a file name in
         # Latin-1 under UTF-8, say) are printed escaped: a strict stream would fail on
@@ -1565,7 +1698,33 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     named = next((w for w in words if w in parser.commands), None)  # before parsing
     with warnings.catch_warnings():  # the options' own reads (a dataset's) warn in one line too
         warnings.showwarning = _one_line_warnings(named)
-        return _main(parser, argv)
+        try:
+            return _main(parser, argv)
+        except KeyboardInterrupt as e:  # Ctrl-C, once everything a command keeps is written
+            what, status = _stop(e)
+            if not isinstance(e, _Interrupted):
+                print(f"gclab{f' {named}' if named else ''}: {what}", file=sys.stderr)
+            if exit_on_interrupt:  # here, while `e` holds the interrupted frames
+                _exit_interrupted(status)
+            return status
+
+
+def _exit_interrupted(status: int) -> None:
+    """Ends the process now with `status`, its output flushed.
+
+    `os._exit`, not a return to the interpreter: XLA's threads may still be compiling
+    (Ctrl-C comes mostly during a compile), and freeing what they use (the interrupted
+    frames, which the exception's traceback holds until its handler ends) or the
+    interpreter's normal shutdown then often ends in a segmentation fault (status -11,
+    not 130). So it is called inside the handler. Nothing that must finish is left by
+    then: a command's files are written whole or not at all before it is interrupted
+    (`gclab train`'s save on stopping has waited for orbax's writes; `gclab sweep` has
+    written the rows it completed), and no at-exit handler of gclab's keeps anything.
+    """
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # a closed pipe: nothing more can be said
+            stream.flush()
+    os._exit(status)
 
 
 def _main(parser: argparse.ArgumentParser, argv: Optional[Sequence[str]]) -> int:
@@ -1610,9 +1769,6 @@ def _main(parser: argparse.ArgumentParser, argv: Optional[Sequence[str]]) -> int
         print(f"{prefix} out of device memory ({first[:200]}); `gclab memory` gives what "
               "this step needs, `gclab plan` a recipe or layout that fits", file=sys.stderr)
         return 1
-    except KeyboardInterrupt:
-        print(f"gclab {args.command}: interrupted", file=sys.stderr)
-        return 130
 
 
 if __name__ == "__main__":

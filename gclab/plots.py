@@ -339,7 +339,15 @@ def plot_sweep(df: pd.DataFrame, *, y: str = "total_bytes",
 
     Returns:
       The figure, one line per technique.
+
+    Raises:
+      ValueError: no row has a finite `y` (a measured sweep has no compiled bytes: its
+        column is `peak_bytes`); the chart would be empty, its axis labelled around 0 B.
     """
+    if y not in df or not np.isfinite(pd.to_numeric(df[y], errors="coerce")
+                                      .to_numpy(dtype=float)).any():
+        raise ValueError(f"plot_sweep: no row has a {y} to draw (a measured sweep's bytes are "
+                         "in peak_bytes, a compiled one's in total_bytes)")
     with style():
         fig, ax = plt.subplots()
         for label, part in df.groupby("technique", sort=False):

@@ -216,3 +216,57 @@ def test_a_picture_name_is_checked_against_matplotlibs_file_types(tmp_path, caps
     assert cli.main(["timeline", "--preset", "cpu-4x32", "--plot", str(tmp_path / "t.pgf")]) == 2
     err = capsys.readouterr().err
     assert "--plot" in err and ".png" in err and err.count("\n") == 1, err
+
+
+class _Exited(Exception):
+    """What `os._exit` raises in the tests below, with the status and whether an exception
+    was being handled then."""
+
+
+def _exit_recorded(monkeypatch) -> None:
+    def exit_now(status):
+        raise _Exited(status, sys.exc_info()[0])
+
+    monkeypatch.setattr(cli.os, "_exit", exit_now)
+
+
+def test_ctrl_c_ends_the_program_at_once_with_130(monkeypatch, capsys):
+    """Ctrl-C during a compile printed "interrupted", and then the interpreter's shutdown
+    often crashed (status -11) on what XLA's compile threads still used. The program now
+    ends with os._exit(130) inside the handler, while the interrupted frames are alive; a
+    caller of `main` in a process that goes on still gets 130 back."""
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "cmd_memory", interrupted)
+    _exit_recorded(monkeypatch)
+    argv = ["memory", *TINY_NET]
+    monkeypatch.setattr(sys, "argv", ["gclab", *argv])
+    with pytest.raises(_Exited) as e:
+        cli.main()
+    assert e.value.args == (130, KeyboardInterrupt)
+    assert capsys.readouterr().err == "gclab memory: interrupted\n"
+    assert cli.main(argv) == 130
+
+
+def test_a_training_run_sigterm_stopped_exits_143(monkeypatch, tmp_path, capsys):
+    """SIGTERM stops `gclab train` between steps as Ctrl-C does (`Terminated`, a
+    KeyboardInterrupt): it was reported as "interrupted", with status 130."""
+    from gclab.training.loop import Stopped, Terminated
+
+    def terminated(*args, **kwargs):
+        e = Terminated()
+        e.stopped = Stopped(3, saved=2)
+        raise e
+
+    monkeypatch.setattr(cli, "train", terminated)
+    _exit_recorded(monkeypatch)
+    argv = ["train", *TINY_NET, "--train-steps", "5", "--checkpoint-dir", str(tmp_path / "c")]
+    monkeypatch.setattr(sys, "argv", ["gclab", *argv])
+    with pytest.raises(_Exited) as e:
+        cli.main()
+    assert e.value.args == (143, cli._Interrupted)
+    assert capsys.readouterr().err == (
+        f"gclab train: terminated by SIGTERM at step 3; saved step 2 to --checkpoint-dir "
+        f"{tmp_path / 'c'}: resume with the same command\n")
+    assert cli.main(argv) == 143

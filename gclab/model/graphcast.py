@@ -525,7 +525,14 @@ def pipeline_stages(steps: int, mem: MemoryConfig, layout: ParallelConfig, run_e
     and the compiled memory is the same (`benchmarks/pipeline_compile.py` measures both
     ways). Without `shared`, every stage reads fixed steps and can run alone
     (`make_stage_network`).
+
+    Raises:
+      StageRematConflict: `mem` has a processor remat other than `none` and `layout` its
+        own per-stage remat (`ParallelConfig.check_memory`): the stages would ignore it.
     """
+    # Every pipelined network comes here (a training step, `gclab memory`'s compile, a
+    # stage sized alone), so none of them runs with a processor remat it would not apply.
+    layout.check_memory(mem)
     bounds = layout.stage_bounds(steps)
     last = len(bounds) - 1
     remat = [None if layout.stage_remat is None else layout.stage_remat[s]

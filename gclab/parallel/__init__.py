@@ -16,6 +16,7 @@ from gclab.parallel.config import (
     PIPELINE_AXIS,
     SPATIAL_AXIS,
     ParallelConfig,
+    StageRematConflict,
     layouts,
     parse_parallel_spec,
     pipeline_layouts,
@@ -44,9 +45,9 @@ from gclab.parallel.sharding import (
 
 __all__ = [
     "DATA_AXIS", "MESH_AXES", "MESH_NODES", "PARALLEL_SPEC_HELP", "PIPELINE_AXIS", "SPATIAL_AXIS",
-    "ParallelConfig", "active_axes", "active_pipeline", "bubble_fraction", "gpipe",
-    "pipeline_layouts", "use_pipeline", "full_rows", "global_array", "initialize_processes",
-    "layouts", "make_mesh", "mesh_rows", "parse_parallel_spec", "replicated", "rows_sharding",
-    "spatial_shards", "split_rows", "split_shards", "switch_branches", "use_cpu_devices",
-    "use_layout",
+    "ParallelConfig", "StageRematConflict", "active_axes", "active_pipeline", "bubble_fraction",
+    "gpipe", "pipeline_layouts", "use_pipeline", "full_rows", "global_array",
+    "initialize_processes", "layouts", "make_mesh", "mesh_rows", "parse_parallel_spec",
+    "replicated", "rows_sharding", "spatial_shards", "split_rows", "split_shards",
+    "switch_branches", "use_cpu_devices", "use_layout",
 ]

@@ -16,7 +16,9 @@ them whole on every device: less communication, more memory (the 16 saved step l
 the processor are held whole on every device).
 
 Layouts combine with every `MemoryConfig` technique and with bfloat16: the techniques
-change how each device evaluates its share, the layout which share it evaluates. The axes
+change how each device evaluates its share, the layout which share it evaluates. One
+technique has a layout's own form: a pipeline's per-stage remat (`stage_remat`) replaces
+the processor remat, which must be `none` with it (`ParallelConfig.check_memory`). The axes
 combine two at a time: `pipeline` goes with `data` or with `spatial`, not with both, since
 XLA's SPMD partitioner aborts the process (a failed check, not an error) on a layout with
 all three axes above 1; `ParallelConfig` refuses one, and `layouts` and `pipeline_layouts`
@@ -56,8 +58,9 @@ PARALLEL_SPEC_HELP = ("comma-separated AXIS:SIZE with AXIS one of data, spatial,
                       "mesh-nodes:replicated keeps mesh nodes whole on every device (default "
                       "split); with pipeline, microbatches:M (default 1), stage-steps:A/B/.. "
                       "(processor steps per stage, default as even as possible) and "
-                      "stage-remat:A/B/.. (checkpointed steps per stage, default the memory "
-                      "recipe's remat in every stage)")
+                      "stage-remat:A/B/.. (checkpointed steps per stage, in place of the "
+                      "processor remat, which must then be none; default the memory recipe's "
+                      "remat in every stage)")
 # Why a layout may not have all three axes above 1 (`ParallelConfig` and `spec_error` say it).
 THREE_AXES = ("pipeline combines with data or with spatial, not with both (XLA's SPMD "
               "partitioner aborts the process on the three axes)")
@@ -84,7 +87,8 @@ class ParallelConfig:
         up to the processor's steps); None: as even as possible, earlier stages one more.
       stage_remat: with `pipeline` > 1, the checkpointed steps of each stage (the first
         n of its steps, each under its own checkpoint, the rest stored); None: the
-        `MemoryConfig`'s processor remat applied to every stage's steps.
+        `MemoryConfig`'s processor remat applied to every stage's steps. It takes the
+        place of that remat, which must then be `none` (`check_memory`).
       mesh_nodes: with `spatial` > 1, `"split"` (mesh-node arrays split over `spatial`:
         1/D of their memory per device, a reduce-scatter and an all-gather per GNN step) or
         `"replicated"` (whole on every device: an all-reduce per step, no gather traffic,
@@ -170,6 +174,14 @@ class ParallelConfig:
                 f"{accumulation} (accumulation) and pipeline microbatches:{self.microbatches}:"
                 f" a multiple of {multiple}")
 
+    def check_memory(self, memory) -> None:
+        """Raises `StageRematConflict` where `memory` (a `gclab.memory.MemoryConfig`, not
+        imported here: the two packages are one layer) has a processor remat other than
+        `none` and this layout per-stage remat (`stage_remat`): the stages' remat takes its
+        place, so the processor remat would be reported and do nothing."""
+        if self.stage_remat is not None and memory.processor_remat != "none":
+            raise StageRematConflict(memory, self.stage_remat)
+
     @property
     def devices(self) -> int:
         """The number of devices of the layout (product of the axis sizes)."""
@@ -197,6 +209,24 @@ class ParallelConfig:
 
     def replace(self, **changes) -> "ParallelConfig":
         return dataclasses.replace(self, **changes)
+
+
+class StageRematConflict(ConfigError):
+    """A processor remat (`MemoryConfig.processor_remat` other than `none`) with per-stage
+    remat (`ParallelConfig.stage_remat`), which sets the checkpointed steps of every stage
+    in its place: the processor remat would be ignored.
+
+    Attributes (besides `ConfigError`'s, which name `MemoryConfig.processor_remat`):
+      remat_spec: the processor remat as a spec (`MemoryConfig.remat_spec`, `every:2`).
+      stage_remat: the layout's `stage_remat`.
+    """
+
+    def __init__(self, memory, stage_remat: tuple) -> None:
+        super().__init__("MemoryConfig", "processor_remat", memory.processor_remat,
+                         f"'none' with ParallelConfig.stage_remat={stage_remat}, which sets "
+                         "the checkpointed steps of each pipeline stage in its place (remat "
+                         f"{memory.remat_spec} would be ignored): give one or the other")
+        self.remat_spec, self.stage_remat = memory.remat_spec, stage_remat
 
 
 _ITEM = re.compile(r"^\s*(data|spatial|pipeline|microbatches)\s*:\s*(\d+)\s*$")

@@ -47,7 +47,7 @@ from gclab.sizing import analytical
 from gclab.sizing.pipeline_plan import plan_pipeline, step_extra_bytes
 from gclab.sizing.planner import NothingFits, for_another_card, parse_budget
 from gclab.sizing.speed import CARD_SPEEDS, REFERENCE_CARD, CardSpeed, card_name
-from gclab.sizing.step import StepSpec, compile_train_step
+from gclab.sizing.step import StepSpec, compile_train_step, recipe_memory
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,9 +153,7 @@ def _pipeline_candidates(model, task, devices, batch, rollout, precision, recipe
                          / devices)
     for layout in pipeline_layouts(devices, model.processor_steps):
         for recipe in recipes or list(RECIPES):
-            memory = get_recipe(recipe, precision)
-            if rollout > 1 and recipe != "none":
-                memory = memory.replace(rollout_remat=True)
+            memory = recipe_memory(recipe, precision, rollout=rollout)  # as every command
             memory = memory.replace(processor_remat="none", remat_group_size=1,
                                     remat_ratio=1.0)
             row = {"parallel": layout.spec, "recipe": recipe}
@@ -231,9 +229,7 @@ def _sized_candidates(model, task, devices, batch, rollout, precision, recipes, 
     for layout in candidate_layouts:
         for recipe in recipes or list(RECIPES):
             row = {"parallel": layout.spec, "recipe": recipe}
-            memory = get_recipe(recipe, precision)
-            if rollout > 1 and recipe != "none":
-                memory = memory.replace(rollout_remat=True)
+            memory = recipe_memory(recipe, precision, rollout=rollout)  # as every command
             if batch % (layout.data * memory.microbatches):
                 candidates.append({**row, "skipped": f"batch {batch} is not a multiple of "
                                    f"data:{layout.data}"})

@@ -1,7 +1,9 @@
 """One training step of any configuration, from shapes alone: compiled memory, timeline.
 
 A `StepSpec` names a model, a task, the memory techniques, a batch size, a rollout
-length and a layout over devices (`gclab.parallel.ParallelConfig`).
+length and a layout over devices (`gclab.parallel.ParallelConfig`). `recipe_memory` gives
+the techniques of a named recipe with the options every command applies to it, and
+`recipe_label` names them as that recipe and what the options changed.
 `train_step_memory(spec)` compiles one full training step (loss + gradients + AdamW
 update, via `gclab.training`) from `jax.ShapeDtypeStruct`s, so nothing is allocated and
 the 0.25 deg model can be sized on a laptop; only the graphs are built (cached on disk).
@@ -32,6 +34,7 @@ from gclab.config import (
     WrongType,
     a_kind,
     is_int,
+    require_count,
     require_kind,
 )
 from gclab.devices import usable_bytes
@@ -46,13 +49,88 @@ from gclab.measure.compiled import (
     plans_for_another_card,
 )
 from gclab.measure.timeline import compile_with_timeline
-from gclab.memory.config import MemoryConfig, recipe_name
+from gclab.memory.config import (
+    RECIPES,
+    MemoryConfig,
+    get_recipe,
+    parse_remat_spec,
+    recipe_name,
+)
 from gclab.model.graphcast import graph_inputs, make_network, param_shapes
 from gclab.parallel.collectives import collective_bytes
 from gclab.parallel.config import ParallelConfig
 from gclab.parallel.pipeline import StagesWouldHang, stage_collectives_error
 from gclab.parallel.sharding import make_mesh, use_layout
 from gclab.sizing.analytical import GraphCounts, estimate, param_count
+
+#: The processor remat fields of a `MemoryConfig`, which a label names as one remat spec.
+_REMAT_FIELDS = ("processor_remat", "remat_group_size", "remat_ratio", "remat_policy")
+#: The fields that only edge blocks use: a label's "no edge blocks" covers them.
+_BLOCK_FIELDS = ("processor_edge_blocks", "stream_grid_nodes")
+
+
+def recipe_memory(name: str, precision: str = "f32", *, rollout: int = 1,
+                  remat: Optional[str | dict] = None,
+                  edge_block: Optional[int] = None) -> MemoryConfig:
+    """The memory techniques of recipe `name` as every gclab command runs it.
+
+    One rule for `gclab memory`, `timeline`, `sweep` and `train` (and `grid`), so that a
+    recipe's name means the same step in each: a rollout of more than one step runs each
+    autoregressive step under its own checkpoint (`rollout_remat`) in every recipe but
+    `none`, which uses no technique at all.
+
+    Args:
+      name: a recipe (`none`, `per-step`, `deepmind`, `lean`).
+      precision: `f32` or `bf16`.
+      rollout: T, the autoregressive steps of the training step.
+      remat: a processor remat spec (`every:2`, see `parse_remat_spec`) or its parsed
+        fields, replacing the recipe's.
+      edge_block: edges per block, replacing the recipe's; 0 turns edge blocks off, and
+        with them what needs them (processor edge blocks, streamed grid nodes).
+
+    Raises:
+      ValueError: an unknown recipe or precision, a `rollout` that is not an integer >= 1,
+        or a malformed `remat`.
+    """
+    rollout = require_count("rollout", rollout, 1, caller="recipe_memory:")
+    memory = get_recipe(name, precision)
+    changes = {}
+    if remat is not None:
+        changes.update(parse_remat_spec(remat) if isinstance(remat, str) else remat)
+    if edge_block is not None:
+        changes["edge_block_size"] = edge_block or None
+        if not edge_block:  # no blocks: nor what needs them
+            changes.update(dict.fromkeys(_BLOCK_FIELDS, False))
+    if rollout > 1 and name != "none":
+        changes["rollout_remat"] = True
+    return memory.replace(**changes) if changes else memory
+
+
+def _switch(field: str, value) -> str:
+    words = field.replace("_", " ")
+    if isinstance(value, bool):
+        return words if value else f"no {words}"
+    return f"{words} {value}"
+
+
+def recipe_label(name: str, memory: MemoryConfig) -> str:
+    """Recipe `name` and what `memory` changes of it (at `memory`'s precision, not named),
+    joined by '+': `per-step+rollout remat`, `lean+remat every:2`, `deepmind+no edge blocks`,
+    or `name` alone where `memory` is that recipe."""
+    base = get_recipe(name, memory.precision)
+    parts = [name]
+    if any(getattr(memory, f) != getattr(base, f) for f in _REMAT_FIELDS):
+        parts.append(f"remat {memory.remat_spec}")
+    blocks_off = memory.edge_block_size is None and base.edge_block_size is not None
+    if memory.edge_block_size != base.edge_block_size:
+        parts.append("no edge blocks" if blocks_off else f"edge block {memory.edge_block_size}")
+    for field in dataclasses.fields(MemoryConfig):
+        f = field.name
+        if (f in _REMAT_FIELDS or f == "edge_block_size" or (blocks_off and f in _BLOCK_FIELDS)
+                or getattr(memory, f) == getattr(base, f)):
+            continue
+        parts.append(_switch(f, getattr(memory, f)))
+    return "+".join(parts)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,7 +139,10 @@ class StepSpec:
 
     Batch and rollout are integers in 1..`MAX_INT32` (numpy integers are stored as int).
     `batch` is the global batch: with `parallel.data` > 1 each data slice holds
-    `batch / parallel.data` samples.
+    `batch / parallel.data` samples. `recipe`, where given, is the named recipe `memory`
+    was made from (`recipe_memory`): labels name it and what was changed of it. It is a
+    name only: it takes no part in comparing specs, nor in `to_json` (nor in the sweep
+    cache's keys, made from it), which the step compiled depends on alone.
     """
     model: ModelConfig
     task: TaskConfig
@@ -69,8 +150,14 @@ class StepSpec:
     batch: int = 1
     rollout: int = 1
     parallel: ParallelConfig = ParallelConfig()
+    recipe: Optional[str] = dataclasses.field(default=None, compare=False)
 
     def __post_init__(self) -> None:
+        if self.recipe is not None and (not isinstance(self.recipe, str)
+                                        or self.recipe not in RECIPES):
+            error = ValueError if isinstance(self.recipe, str) else WrongType
+            raise error(f"StepSpec.recipe={self.recipe!r} is invalid: None or one of "
+                        + ", ".join(RECIPES))
         for field, kind in (("model", ModelConfig), ("task", TaskConfig),
                             ("memory", MemoryConfig)):
             require_kind(f"StepSpec.{field}", getattr(self, field), kind)
@@ -98,16 +185,24 @@ class StepSpec:
                     from None
 
     def memory_label(self) -> str:
-        """The recipe name if the techniques equal one, else a short description."""
-        name = recipe_name(self.memory)
+        """The techniques and precision: `recipe_label` of `recipe` where one is given
+        (`per-step+rollout remat (f32)`), else the recipe name if the techniques equal one,
+        else a short description."""
+        name = self._recipe_label()
         if name is not None:
             return f"{name} ({self.memory.precision})"
         return f"custom ({self.memory.precision}, remat {self.memory.remat_spec})"
 
     def technique(self) -> str:
-        """Short technique label: the recipe name (`lean`, `lean/bf16`) or `custom`."""
-        name = recipe_name(self.memory) or "custom"
+        """Short technique label: `recipe_label` of `recipe` where one is given, else the
+        recipe name (`lean`, `lean/bf16`) or `custom`."""
+        name = self._recipe_label() or "custom"
         return name if self.memory.precision == "f32" else f"{name}/{self.memory.precision}"
+
+    def _recipe_label(self) -> Optional[str]:
+        if self.recipe is not None:
+            return recipe_label(self.recipe, self.memory)
+        return recipe_name(self.memory)
 
     def to_json(self) -> dict:
         """A JSON-able dict that `StepSpec.from_json` turns back into this spec.

@@ -49,9 +49,9 @@ from gclab.config import (
 from gclab.files import CacheWarning, atomic_path, check_writable_folder, write_text_atomic
 from gclab.measure.peak import NOT_MEASURED, measure_peak
 from gclab.measure.timing import median_seconds
-from gclab.memory.config import MemoryConfig, get_recipe
+from gclab.memory.config import MemoryConfig
 from gclab.sizing.analytical import param_count
-from gclab.sizing.step import StepSpec, compile_train_step, train_step_memory
+from gclab.sizing.step import StepSpec, compile_train_step, recipe_memory, train_step_memory
 
 MEASURES = ("compiled", "timed", "measured", "both")
 BYTE_COLUMNS = ("argument_bytes", "output_bytes", "temp_bytes", "total_bytes")
@@ -68,13 +68,17 @@ def grid(model: ModelConfig, latent_sizes: Iterable[int], steps_list: Iterable[i
       latent_sizes: L values.
       steps_list: S values.
       task: the task (default: 13 levels).
-      techniques: `MemoryConfig`s or recipe names (`none`, `per-step`, `deepmind`, `lean`).
+      techniques: `MemoryConfig`s or recipe names (`none`, `per-step`, `deepmind`, `lean`);
+        a name gives the recipe as every command runs it (`gclab.sizing.step.recipe_memory`:
+        with `rollout` > 1, each autoregressive step under its own checkpoint but in
+        `none`).
       precision: the precision of named recipes (`f32` default, or `bf16`).
       batch: B.
       rollout: T.
 
     Returns:
-      `StepSpec`s, steps-major, then latent, then technique.
+      `StepSpec`s, steps-major, then latent, then technique; a value repeated in a list is
+      swept once (at its first place).
 
     Raises:
       ValueError: an empty list, a value that is not an integer >= 1, or an unknown
@@ -91,11 +95,15 @@ def grid(model: ModelConfig, latent_sizes: Iterable[int], steps_list: Iterable[i
     if not techniques:
         raise ValueError("grid: techniques is empty: give recipe names or MemoryConfigs")
     task = task or TaskConfig.from_levels(13)
-    memories = [t if isinstance(t, MemoryConfig) else get_recipe(t, precision or "f32")
+    memories = [(t, None) if isinstance(t, MemoryConfig)
+                else (recipe_memory(t, precision or "f32", rollout=rollout), t)
                 for t in techniques]
-    return [StepSpec(model.replace(latent_size=int(L), processor_steps=int(S)), task, mem,
-                     batch, rollout)
-            for S in steps_list for L in latent_sizes for mem in memories]
+    # A repeated value (checked above) would compile the same step again, a duplicate row.
+    latent_sizes, steps_list = (list(dict.fromkeys(int(v) for v in values))
+                                for values in (latent_sizes, steps_list))
+    return [StepSpec(model.replace(latent_size=L, processor_steps=S), task, mem, batch,
+                     rollout, recipe=name)
+            for S in steps_list for L in latent_sizes for mem, name in dict.fromkeys(memories)]
 
 
 def versions() -> dict:
@@ -225,7 +233,7 @@ def _read_cached(path: Optional[Path], measure: str) -> Optional[dict]:
         if problem is None:
             return row
     warnings.warn(f"sweep cache row {path} is damaged ({problem}); computing it again",
-                  CacheWarning, stacklevel=3)
+                  CacheWarning, stacklevel=4)
     return None
 
 
@@ -253,6 +261,9 @@ def sweep(specs: Sequence[StepSpec], *, measure: str = "compiled",
     Raises:
       ValueError: an unknown `measure`, `specs` holding anything but `StepSpec`s (or none),
         a `cache_path` that is not a writable folder, or a bad `timeout` / `repeats`.
+      KeyboardInterrupt: re-raised with the rows completed before it as its `rows` (a
+        DataFrame of the first `len(rows)` specs, as this function returns them), so
+        that a caller can keep them.
     """
     if measure not in MEASURES:
         raise ValueError(f"measure={measure!r} is invalid: one of {', '.join(MEASURES)}")
@@ -273,31 +284,41 @@ def sweep(specs: Sequence[StepSpec], *, measure: str = "compiled",
         folder.mkdir(parents=True, exist_ok=True)
         check_writable_folder(folder)
     vers = versions()
-    rows = []
-    for spec in tqdm(specs, disable=not progress, desc="sweep"):
-        path = folder / f"{cache_key(spec, measure, repeats)}.json" if folder else None
-        result = _read_cached(path, measure)
-        if result is not None:
-            result["cached"] = True
-        else:
-            result = _one(spec, measure, timeout, repeats)
-            result["cached"] = False
-            # Not cached: a failure, or a peak not measured (this process held too much
-            # of the card then, or the device reports none).
-            if path is not None and result["status"] not in ("error", NOT_MEASURED):
-                try:
-                    write_text_atomic(path, json.dumps(result, default=str))
-                except OSError as e:  # the row is computed; only its cache is lost
-                    warnings.warn(f"sweep cache row {path} could not be written "
-                                  f"({e.strerror or e}); going on", CacheWarning, stacklevel=2)
-        row = {**spec.describe(), "technique": spec.technique(),
-               "num_params": param_count(spec.model, spec.task)}
-        for col in (*BYTE_COLUMNS, "compile_seconds", "step_seconds", "peak_bytes"):
-            row[col] = None
-        row.update(result)
-        row.update(vers)
-        rows.append(row)
+    rows: list = []
+    try:
+        for spec in tqdm(specs, disable=not progress, desc="sweep"):
+            rows.append(_row(spec, folder, measure, timeout, repeats, vers))
+    except KeyboardInterrupt as e:  # Ctrl-C: the rows done are the caller's to keep
+        e.rows = pd.DataFrame(rows)
+        raise
     return pd.DataFrame(rows)
+
+
+def _row(spec: StepSpec, folder: Optional[Path], measure: str, timeout: float, repeats: int,
+         vers: dict) -> dict:
+    """One row of `sweep`: cached, or computed (and cached where it may be)."""
+    path = folder / f"{cache_key(spec, measure, repeats)}.json" if folder else None
+    result = _read_cached(path, measure)
+    if result is not None:
+        result["cached"] = True
+    else:
+        result = _one(spec, measure, timeout, repeats)
+        result["cached"] = False
+        # Not cached: a failure, or a peak not measured (this process held too much
+        # of the card then, or the device reports none).
+        if path is not None and result["status"] not in ("error", NOT_MEASURED):
+            try:
+                write_text_atomic(path, json.dumps(result, default=str))
+            except OSError as e:  # the row is computed; only its cache is lost
+                warnings.warn(f"sweep cache row {path} could not be written "
+                              f"({e.strerror or e}); going on", CacheWarning, stacklevel=3)
+    row = {**spec.describe(), "technique": spec.technique(),
+           "num_params": param_count(spec.model, spec.task)}
+    for col in (*BYTE_COLUMNS, "compile_seconds", "step_seconds", "peak_bytes"):
+        row[col] = None
+    row.update(result)
+    row.update(vers)
+    return row
 
 
 def save_sweep(df: pd.DataFrame, path: Union[str, os.PathLike]) -> Path:

@@ -28,11 +28,13 @@ from gclab.training.layout import (
 )
 from gclab.training.loop import (
     CheckpointDirError,
+    ModelMismatch,
     RestoreError,
     SaveError,
     ScheduleMismatch,
     StepsReached,
     Stopped,
+    Terminated,
     TrainingDiverged,
     TrainResult,
     restore_state,
@@ -63,7 +65,7 @@ from gclab.training.step import (
 __all__ = [
     "abstract_step_args", "check_batch", "make_sharded_train_step", "place_example",
     "place_step_args", "step_shardings", "RestoreError", "ScheduleMismatch", "TrainResult",
-    "CheckpointDirError", "SaveError", "StepsReached", "Stopped",
+    "CheckpointDirError", "ModelMismatch", "SaveError", "StepsReached", "Stopped", "Terminated",
     "TrainingDiverged", "restore_state", "save_state", "train",
     "Example", "Normalization", "RawExample", "SyntheticWeather", "TrainConfig", "TrainState",
     "channel_weights", "example_shapes", "init_state_from_params", "input_variable_channels",

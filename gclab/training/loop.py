@@ -5,9 +5,10 @@ on `SyntheticWeather`. Step k's batch depends on the seed, the batch size, the r
 and k only, the parameters on the seed only, and the learning-rate schedule on its own
 length (`schedule_steps`, not the step count a run stops at), so a run that is stopped,
 saved and resumed (`checkpoint_dir`, orbax-checkpoint) with the same settings
-(`RUN_SETTINGS`, recorded with each checkpoint) continues with exactly the losses an
-uninterrupted run has. In a multi-process run every process calls `train` with the same arguments:
-each builds the same host batch and places its own devices' shards.
+(`RUN_SETTINGS` and `MODEL_SETTINGS`, recorded with each checkpoint) continues with exactly
+the losses an uninterrupted run has. A run stopped by Ctrl-C or SIGTERM (`Terminated`)
+saves the last step it completed. In a multi-process run every process calls `train` with
+the same arguments: each builds the same host batch and places its own devices' shards.
 
 Shapes: Ng grid nodes, B batch, C data channels, O outputs, T rollout steps.
 """
@@ -23,7 +24,9 @@ import logging
 import math
 import os
 import re
+import signal
 import sys
+import threading
 import warnings
 from typing import TYPE_CHECKING, Callable, Mapping, Optional
 
@@ -97,6 +100,8 @@ def _check_train_arguments(model, task, steps, memory, parallel, weather, schedu
                                         ("memory", memory, MemoryConfig, True),
                                         ("parallel", parallel, ParallelConfig, True)):
         require_kind(name, value, kind, optional=optional)
+    if memory is not None and parallel is not None:  # else found as the step is traced
+        parallel.check_memory(memory)
     if weather is not None and not all(callable(getattr(weather, m, None))
                                        for m in ("normalization", "make_batch")):
         raise WrongType(f"weather={weather!r} is invalid: None, or an object with "
@@ -164,6 +169,11 @@ class RestoreError(ValueError):
     """
 
 
+def _mismatch(step: int, name: str, stored, given) -> str:
+    return (f"step {step} was saved by a run with {name}={stored!r}, not {given!r} (resume "
+            "with the same value, or start another folder)")
+
+
 class ScheduleMismatch(RestoreError):
     """The latest checkpoint was saved by a run of another schedule or other examples:
     resuming it with this one would change the run (the learning rate of every later step,
@@ -177,8 +187,25 @@ class ScheduleMismatch(RestoreError):
     """
 
     def __init__(self, step: int, name: str, stored, given) -> None:
-        super().__init__(f"step {step} was saved by a run with {name}={stored!r}, not "
-                         f"{given!r} (resume with the same value, or start another folder)")
+        super().__init__(_mismatch(step, name, stored, given))
+        self.step, self.name, self.stored, self.given = step, name, stored, given
+
+
+class ModelMismatch(RestoreError):
+    """The latest checkpoint was saved by a run of another model function: another grid,
+    mesh, radius, mesh2grid edge normalisation, pressure levels or precision. None of them
+    changes a parameter's shape, so the checkpoint would restore, and its parameters go on
+    training for another function than they were trained for.
+
+    Attributes:
+      step: the checkpoint's step.
+      name: the config field that differs (one of `MODEL_SETTINGS`).
+      stored: its value in the checkpoint (the levels as a list).
+      given: its value now.
+    """
+
+    def __init__(self, step: int, name: str, stored, given) -> None:
+        super().__init__(_mismatch(step, name, stored, given))
         self.step, self.name, self.stored, self.given = step, name, stored, given
 
 
@@ -263,8 +290,9 @@ class SaveError(Exception):
 
 @dataclasses.dataclass(frozen=True)
 class Stopped:
-    """Where a run with a checkpoint folder stopped on an error of a step (Ctrl-C included),
-    and what was saved: `train` attaches it to the error it re-raises, as `stopped`.
+    """Where a run with a checkpoint folder stopped on an error of a step (Ctrl-C and
+    SIGTERM, `Terminated`, included), and what was saved: `train` attaches it to the error
+    it re-raises, as `stopped`.
 
     Attributes:
       step: the step that did not complete, counted from 1.
@@ -278,6 +306,51 @@ class Stopped:
     why_not: str = ""
 
 
+class Terminated(KeyboardInterrupt):
+    """The run was sent SIGTERM (`timeout`, `docker stop`, a batch scheduler preempting it)
+    while its steps ran. It stops as on Ctrl-C, with this in place of the
+    `KeyboardInterrupt` (one, so that whatever stops on Ctrl-C stops on it too): before the
+    next step, saving the last one it completed (`Stopped`), not in the middle of a step or
+    a save. A SIGTERM during the last step lets the run end as it would have: it saves
+    that step anyway.
+
+    Attributes:
+      signum: the signal (`signal.SIGTERM`).
+      exit_status: the status a process stopped by it conventionally exits with (128 plus
+        the signal's number: 143).
+    """
+
+    def __init__(self, signum: int = signal.SIGTERM) -> None:
+        super().__init__(f"terminated by {signal.Signals(signum).name}")
+        self.signum, self.exit_status = int(signum), 128 + int(signum)
+
+
+@contextlib.contextmanager
+def _stopping_on_sigterm():
+    """While the steps run: SIGTERM noted rather than ending the process at once (Python's
+    default), and a function that raises `Terminated` once it came, for the loop to call
+    between steps. The handler before is restored at the end. Only the main thread may set
+    a handler: in another, SIGTERM keeps its own handler and the function does nothing."""
+    received = []
+    if threading.current_thread() is not threading.main_thread():
+        yield lambda: None
+        return
+
+    def note(signum, frame) -> None:
+        received.append(signum)
+
+    def check() -> None:
+        if received:
+            raise Terminated(received[0])
+
+    previous = signal.signal(signal.SIGTERM, note)
+    try:
+        yield check
+    finally:
+        # None: a handler set outside Python, which Python cannot set back; the default.
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+
+
 #: The `train` arguments a checkpoint records (orbax's custom metadata of its step), which
 #: a resumed run must repeat: they set the learning rate of every step and the examples it
 #: trains on. `real_data`: whether `weather` was given (True) or synthetic (False); `seed`
@@ -287,6 +360,17 @@ class Stopped:
 #: unchecked in it.
 RUN_SETTINGS = ("schedule_steps", "learning_rate", "real_data", "seed", "batch", "rollout",
                 "data", "stats")
+
+#: The fields of the model, task and memory configs (`ModelConfig`, `TaskConfig`,
+#: `MemoryConfig`) a checkpoint records with `RUN_SETTINGS`, which a resumed run must repeat
+#: as well: each changes the function the parameters are trained for (the grid, the
+#: graphs, the channels' meaning, the arithmetic) and none a parameter's shape, so
+#: restoring cannot tell them from the arrays. The latent width, processor steps, hidden
+#: layers and channel counts change shapes, which a restore checks (`RestoreError`); the
+#: other memory techniques keep the function (`gclab.memory.config`), and a resumed run
+#: may change them. Checkpoints saved before they were recorded resume unchecked in them.
+MODEL_SETTINGS = ("resolution", "mesh_splits", "radius_query_fraction_edge_length",
+                  "mesh2grid_edge_normalization_factor", "pressure_levels", "precision")
 
 #: How many checkpoints a folder keeps: orbax deletes older ones, and any other entry named
 #: like a step (a number), at each save.
@@ -525,11 +609,23 @@ def restore_state(directory: str, like: TrainState) -> Optional[TrainState]:
                                         jax.tree_util.tree_leaves(restored))
 
 
+def model_settings(model: ModelConfig, task: TaskConfig,
+                   memory: Optional[MemoryConfig] = None) -> dict:
+    """What a checkpoint records of `model`, `task` and `memory` (`MODEL_SETTINGS`), as JSON
+    keeps it: the levels as a list (JSON has no tuple, and a list read back is no tuple)."""
+    memory = memory or MemoryConfig()
+    return {"resolution": model.resolution, "mesh_splits": model.mesh_splits,
+            "radius_query_fraction_edge_length": model.radius_query_fraction_edge_length,
+            "mesh2grid_edge_normalization_factor": model.mesh2grid_edge_normalization_factor,
+            "pressure_levels": list(task.pressure_levels), "precision": memory.precision}
+
+
 def check_run_settings(directory: str, settings: dict) -> None:
-    """Raises `ScheduleMismatch` if the latest checkpoint under `directory` recorded other
-    values of `settings` (`RUN_SETTINGS`). A folder without a checkpoint, a checkpoint that
-    recorded none (saved before they were recorded) or one whose metadata cannot be read
-    passes (restoring it reports the damage)."""
+    """Raises `ScheduleMismatch` (`ModelMismatch`) if the latest checkpoint under `directory`
+    recorded other values of `settings` of `RUN_SETTINGS` (`MODEL_SETTINGS`). A folder
+    without a checkpoint, a setting the checkpoint did not record (saved before it was
+    recorded) or a checkpoint whose metadata cannot be read passes (restoring it reports
+    the damage)."""
     if not os.path.isdir(directory):
         return
     with _quiet_orbax(), _closing(_checkpoint_manager(directory, create=False)) as manager:
@@ -540,9 +636,10 @@ def check_run_settings(directory: str, settings: dict) -> None:
             stored = dict(manager.metadata(step).custom_metadata or {})
         except Exception:  # noqa: BLE001 - damaged: `restore_state` names what is wrong
             return
-    for name in RUN_SETTINGS:
-        if name in stored and name in settings and stored[name] != settings[name]:
-            raise ScheduleMismatch(step, name, stored[name], settings[name])
+    for names, error in ((RUN_SETTINGS, ScheduleMismatch), (MODEL_SETTINGS, ModelMismatch)):
+        for name in names:
+            if name in stored and name in settings and stored[name] != settings[name]:
+                raise error(step, name, stored[name], settings[name])
 
 
 def _save_failure(directory: str, error: BaseException) -> str:
@@ -644,14 +741,17 @@ def train(model: ModelConfig, task: TaskConfig, steps: int, *, batch: int = 1,
     """Trains `model` on synthetic weather for `steps` steps (or up to it, when resuming).
 
     Args:
-      model, task: the network and its channels.
+      model, task: the network and its channels. A resumed run must keep the grid, mesh,
+        radius, mesh2grid edge normalisation and pressure levels (`MODEL_SETTINGS`), and,
+        as its parameters' shapes, the latent width, steps, hidden layers and channels.
       steps: K, the step count to reach.
       batch: B, the global batch (a multiple of `parallel.data` x microbatches); a resumed
         run must keep it.
       rollout: T, autoregressive steps per example; a resumed run must keep it.
-      memory: memory techniques (default none).
+      memory: memory techniques (default none). A resumed run must keep its precision.
       parallel: the layout (default: one device). Its devices are the first of
-        `jax.devices()` (every process's, in a multi-process run).
+        `jax.devices()` (every process's, in a multi-process run). With per-stage remat
+        (`stage_remat`), `memory`'s processor remat must be none.
       seed: seeds the synthetic weather (without `weather`) and the parameters (without
         `init_params`); a resumed run on synthetic weather must keep it.
       learning_rate: the peak of the schedule (`schedule`): a number from 0 to float32's
@@ -660,8 +760,9 @@ def train(model: ModelConfig, task: TaskConfig, steps: int, *, batch: int = 1,
         decay); a resumed run must keep it.
       checkpoint_dir: resume from the latest checkpoint here, if any, and save the state
         at the end, or, in a one-process run, after the last step that completed when a
-        step fails or is interrupted (Ctrl-C). Orbax keeps the two newest checkpoints
-        there. Nothing is made there before the first save.
+        step fails or is interrupted (Ctrl-C, or SIGTERM in the main thread: `Terminated`).
+        Orbax keeps the two newest checkpoints there. Nothing is made there before the
+        first save.
       save_every: with `checkpoint_dir`, also save the state after every step whose number
         (counted from 1) is a multiple of it, so that a run killed outright (the OOM
         killer, a preempted machine) loses fewer steps; None: no such saves. A resumed
@@ -685,6 +786,8 @@ def train(model: ModelConfig, task: TaskConfig, steps: int, *, batch: int = 1,
         model's (each named before any work).
       TypeError: `model`, `task`, `memory`, `parallel`, `weather`, `learning_rate` or
         `save_every` of the wrong kind.
+      StageRematConflict: a processor remat other than none in `memory` with per-stage remat
+        in `parallel` (a `ConfigError`, checked before any work).
       CheckpointDirError: `checkpoint_dir` holds number-named entries that are not orbax
         checkpoints (checked before any work: orbax would delete them).
       StepsReached: the latest checkpoint in `checkpoint_dir` is at step `steps` or past
@@ -693,12 +796,16 @@ def train(model: ModelConfig, task: TaskConfig, steps: int, *, batch: int = 1,
         model's; `ScheduleMismatch` (checked before any work) when it was saved by a run
         with another of `RUN_SETTINGS` (`schedule_steps`, `learning_rate`, `batch`,
         `rollout`, synthetic or given `weather`, `seed` on synthetic weather, and the
-        dataset and statistics of given weather, `weather_fingerprint`).
+        dataset and statistics of given weather, `weather_fingerprint`); `ModelMismatch`
+        (checked before any work) when by a run of another grid, mesh, radius, mesh2grid
+        edge normalisation, pressure levels or precision (`MODEL_SETTINGS`).
       TrainingDiverged: a step's loss or gradient norm is not finite, or the weights to
         save are not (nothing more is saved; `resumed` says whether a checkpoint was
         restored, `saved` the last step this run saved).
       SaveError: a checkpoint (`save_every`'s or the final one) could not be saved: the run
         stops there.
+      Terminated: the process was sent SIGTERM while the steps ran (a `KeyboardInterrupt`,
+        raised before the next step); as any error of a step below.
       Any error of a step (KeyboardInterrupt, a `DataError` or `OSError` reading the
         weather, ...) is re-raised as it came; with `checkpoint_dir`, after the state of
         the last completed step was saved there, and with a `Stopped` as its `stopped`.
@@ -715,6 +822,7 @@ def train(model: ModelConfig, task: TaskConfig, steps: int, *, batch: int = 1,
         settings["seed"] = int(seed)
     else:
         settings.update(weather_fingerprint(weather))
+    settings.update(model_settings(model, task, memory))
     if checkpoint_dir is not None:
         _check_folder(checkpoint_dir)
         check_run_settings(checkpoint_dir, settings)
@@ -760,40 +868,44 @@ def train(model: ModelConfig, task: TaskConfig, steps: int, *, batch: int = 1,
     losses, grad_norms = [], []
     wrap = progress or (lambda r: r)
     k, saved = start, None  # the step running (0-based), the last step this run saved
-    try:
-        for k in wrap(range(start, steps)):
-            example = weather.make_batch(batch, rollout, batch_start(k, batch))
-            if mesh is not None:
-                example = place_example(mesh, example)
-            state, metrics = step_fn(state, graph, example)
-            metrics = jax.device_get(metrics)  # every step's: checking them costs no extra sync
-            losses.append(float(metrics["loss"]))
-            grad_norms.append(float(metrics["grad_norm"]))
-            # A non-finite gradient makes every weight NaN in this step's update: stop before
-            # a later step or the save below spends time on them or keeps them.
-            if not (math.isfinite(losses[-1]) and math.isfinite(grad_norms[-1])):
-                raise TrainingDiverged(k + 1, losses[-1], grad_norms[-1], resumed=resumed,
-                                       saved=saved)
-            if save_every is not None and (k + 1) % save_every == 0:
-                # Every process saves (orbax's save waits for them all), the final save's way.
-                if not _all_finite(state.params):  # as the final save below
-                    raise TrainingDiverged(k + 1, losses[-1], grad_norms[-1], weights=True,
-                                           resumed=resumed, saved=saved)
-                saved = save_state(checkpoint_dir, state, settings)
-        # The last step's update comes after its loss: a finite loss and gradient with an
-        # update too large for float32 leave NaN or infinite weights, not saved either.
-        if losses and saved != steps and not _all_finite(state.params):
-            raise TrainingDiverged(steps, losses[-1], grad_norms[-1], weights=True,
-                                   resumed=resumed, saved=saved)
-    except (TrainingDiverged, SaveError, CheckpointDirError):  # nothing more to save
-        raise
-    except (KeyboardInterrupt, Exception) as e:  # a step that failed or was interrupted
-        if checkpoint_dir is not None:
-            e.stopped = _save_on_stop(checkpoint_dir, state, start, settings, k + 1, saved)
-            done = (f"saved step {e.stopped.saved} to {checkpoint_dir}"
-                    if e.stopped.saved is not None else f"nothing saved ({e.stopped.why_not})")
-            e.add_note(f"gclab.training.train stopped at step {e.stopped.step}: {done}")
-        raise
-    if checkpoint_dir is not None and saved != steps:  # orbax declines a step it holds
-        saved = save_state(checkpoint_dir, state, settings)
+    # SIGTERM stops the run as Ctrl-C does, between steps: the save on stopping, or the
+    # final save, is made whole.
+    with _stopping_on_sigterm() as stop_if_terminated:
+        try:
+            for k in wrap(range(start, steps)):
+                stop_if_terminated()  # Terminated, before step k + 1
+                example = weather.make_batch(batch, rollout, batch_start(k, batch))
+                if mesh is not None:
+                    example = place_example(mesh, example)
+                state, metrics = step_fn(state, graph, example)
+                metrics = jax.device_get(metrics)  # every step's: checking them costs no extra sync
+                losses.append(float(metrics["loss"]))
+                grad_norms.append(float(metrics["grad_norm"]))
+                # A non-finite gradient makes every weight NaN in this step's update: stop before
+                # a later step or the save below spends time on them or keeps them.
+                if not (math.isfinite(losses[-1]) and math.isfinite(grad_norms[-1])):
+                    raise TrainingDiverged(k + 1, losses[-1], grad_norms[-1], resumed=resumed,
+                                           saved=saved)
+                if save_every is not None and (k + 1) % save_every == 0:
+                    # Every process saves (orbax's save waits for them all), the final save's way.
+                    if not _all_finite(state.params):  # as the final save below
+                        raise TrainingDiverged(k + 1, losses[-1], grad_norms[-1], weights=True,
+                                               resumed=resumed, saved=saved)
+                    saved = save_state(checkpoint_dir, state, settings)
+            # The last step's update comes after its loss: a finite loss and gradient with an
+            # update too large for float32 leave NaN or infinite weights, not saved either.
+            if losses and saved != steps and not _all_finite(state.params):
+                raise TrainingDiverged(steps, losses[-1], grad_norms[-1], weights=True,
+                                       resumed=resumed, saved=saved)
+        except (TrainingDiverged, SaveError, CheckpointDirError):  # nothing more to save
+            raise
+        except (KeyboardInterrupt, Exception) as e:  # a step that failed or was interrupted
+            if checkpoint_dir is not None:
+                e.stopped = _save_on_stop(checkpoint_dir, state, start, settings, k + 1, saved)
+                done = (f"saved step {e.stopped.saved} to {checkpoint_dir}"
+                        if e.stopped.saved is not None else f"nothing saved ({e.stopped.why_not})")
+                e.add_note(f"gclab.training.train stopped at step {e.stopped.step}: {done}")
+            raise
+        if checkpoint_dir is not None and saved != steps:  # orbax declines a step it holds
+            saved = save_state(checkpoint_dir, state, settings)
     return TrainResult(losses, start, max(start, steps), grad_norms, saved, state)

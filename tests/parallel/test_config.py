@@ -327,3 +327,44 @@ def test_the_former_module_of_collective_bytes_still_imports_and_says_where_it_w
         old = importlib.import_module("gclab.measure.collectives")
     assert old.collective_bytes is collective_bytes
     assert old.collective_bytes(HLO) == collective_bytes(HLO)
+
+
+@pytest.mark.parametrize("remat", [
+    dict(processor_remat="step"),
+    dict(processor_remat="every", remat_group_size=2),
+    dict(processor_remat="nested", remat_group_size=2),
+    dict(processor_remat="ratio", remat_ratio=0.5),
+    dict(processor_remat="step", remat_policy="dots"),
+])
+def test_a_processor_remat_with_per_stage_remat_is_refused(remat):
+    """Per-stage remat sets the checkpointed steps of every stage in place of the processor
+    remat, which was reported (`gclab train --json`) and did nothing: refused where a
+    pipelined network is built (`gclab memory`, the API) and before a run's first work."""
+    from gclab.config import ModelConfig, TaskConfig
+    from gclab.memory.config import MemoryConfig
+    from gclab.model.graphcast import pipeline_stages
+    from gclab.parallel import StageRematConflict
+    from gclab.training.loop import train
+
+    memory, layout = MemoryConfig(**remat), ParallelConfig(pipeline=2, stage_remat=(1, 1))
+    with pytest.raises(StageRematConflict) as e:
+        layout.check_memory(memory)
+    assert isinstance(e.value, ConfigError)
+    assert (e.value.owner, e.value.field, e.value.value) == ("MemoryConfig", "processor_remat",
+                                                             remat["processor_remat"])
+    assert (e.value.remat_spec, e.value.stage_remat) == (memory.remat_spec, (1, 1))
+    assert str(e.value) == (
+        f"MemoryConfig.processor_remat={remat['processor_remat']!r} is invalid: 'none' with "
+        "ParallelConfig.stage_remat=(1, 1), which sets the checkpointed steps of each "
+        f"pipeline stage in its place (remat {memory.remat_spec} would be ignored): give one "
+        "or the other.")
+    with pytest.raises(StageRematConflict):
+        pipeline_stages(4, memory, layout, None, None)
+    model = ModelConfig(resolution=30.0, mesh_splits=1, latent_size=8, processor_steps=2)
+    with pytest.raises(StageRematConflict):
+        train(model, TaskConfig(), 1, memory=memory, parallel=layout)
+    # Either alone is a layout's own choice: no remat with per-stage remat, or the
+    # processor remat in every stage.
+    layout.check_memory(MemoryConfig())
+    ParallelConfig(pipeline=2).check_memory(memory)
+    assert len(pipeline_stages(4, MemoryConfig(), layout, None, None)) == 2

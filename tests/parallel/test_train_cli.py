@@ -30,7 +30,7 @@ import pytest
 import tqdm
 
 from gclab.cli import main
-from gclab.config import ModelConfig, TaskConfig
+from gclab.config import PRESSURE_LEVELS_13, ModelConfig, TaskConfig
 from gclab.memory import get_recipe
 from gclab.parallel.config import parse_parallel_spec
 from gclab.sizing import StepSpec
@@ -140,9 +140,11 @@ def test_resuming_with_another_schedule_or_other_examples_is_refused(tmp_path, c
     # A checkpoint of an earlier gclab, which recorded no schedule, resumes with any.
     metadata = ckpt / "1" / "_CHECKPOINT_METADATA"
     record = json.loads(metadata.read_text())
-    assert record.pop("custom_metadata") == {"schedule_steps": 1000, "learning_rate": 0.001,
-                                             "real_data": False, "seed": 0, "batch": 1,
-                                             "rollout": 1}
+    assert record.pop("custom_metadata") == {
+        "schedule_steps": 1000, "learning_rate": 0.001, "real_data": False, "seed": 0,
+        "batch": 1, "rollout": 1, "resolution": 6.0, "mesh_splits": 2,
+        "radius_query_fraction_edge_length": 0.6, "mesh2grid_edge_normalization_factor": None,
+        "pressure_levels": list(PRESSURE_LEVELS_13), "precision": "f32"}
     metadata.write_text(json.dumps(record))
     resumed = here(capsys, "train", *TINY, "--train-steps", "2", "--checkpoint-dir", str(ckpt),
                    "--schedule-steps", "500", "--json")
@@ -229,6 +231,34 @@ def test_an_interrupted_run_saves_its_last_step_and_says_so(tmp_path, capsys, mo
                                        "same command\n")
     resumed = here(capsys, *argv, "--json")
     assert resumed["first_step"] == 1 and resumed["losses"] == straight["losses"][1:]
+
+
+@pytest.mark.parametrize("command", ["train", "memory"])
+def test_a_remat_that_per_stage_remat_would_ignore_is_one_line(command):
+    """`--remat` with `stage-remat`: the stages' remat took its place, and the run or the
+    figures were those of no --remat while --json reported it. Refused in one line naming
+    both, before any step is compiled."""
+    steps = [*TINY[:-1], "4"]
+    argv = [command, *steps, "--devices", "2", "--parallel", "pipeline:2,stage-remat:1/1",
+            "--remat", "every:2", *(["--train-steps", "2"] if command == "train" else [])]
+    proc = subprocess.run([sys.executable, "-m", "gclab", *argv], capture_output=True,
+                          text=True, timeout=TIMEOUT, env=_env())
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr[-3000:]
+    assert proc.stderr == (
+        f"gclab {command}: error: --remat every:2: only none with --parallel "
+        "pipeline:2,stage-remat:1/1 (its stage-remat sets each stage's checkpointed steps in "
+        "place of the processor remat)\n") and not proc.stdout
+
+
+def test_a_recipe_s_own_remat_gives_way_to_per_stage_remat():
+    """A recipe with a processor remat of its own (`per-step`) and no --remat: the layout's
+    per-stage remat takes its place, as `gclab plan` sizes such a layout with any recipe,
+    so the plan's recipe and layout run as given (two devices: a fresh process)."""
+    steps = [*TINY[:-1], "4"]
+    report = gclab("memory", *steps, "--recipe", "per-step", "--devices", "2", "--parallel",
+                   "pipeline:2,stage-remat:1/1", "--json")
+    assert report["memory.processor_remat"] == "none" and report["temp_bytes"] > 0
+    assert report["parallel"].endswith("stage-remat:1/1")
 
 
 def test_a_folder_a_run_cannot_use_is_one_line(tmp_path, capsys):
