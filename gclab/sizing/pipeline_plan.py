@@ -67,7 +67,7 @@ from gclab.measure.compiled import (
     plan_only_options,
     target_platform,
 )
-from gclab.memory.config import MemoryConfig
+from gclab.memory.config import MemoryConfig, parse_remat_spec
 from gclab.model.graphcast import graph_inputs, make_stage_network, param_shapes
 from gclab.parallel.config import ParallelConfig
 from gclab.parallel.pipeline import bubble_fraction
@@ -517,6 +517,8 @@ def plan_pipeline(model: ModelConfig, task: TaskConfig, memory: MemoryConfig,
     graphs = graphs if graphs is not None else graphs_for(model)
     S, P, M = model.processor_steps, layout.pipeline, layout.microbatches
     layout.check_batch(batch)
+    # Each stage's remat takes the processor remat's place (`ParallelConfig.check_memory`).
+    memory = memory.replace(**parse_remat_spec("none"))
     b = batch // (layout.data * M)
     if costs is None:
         costs = fit_stage_costs(model, task, memory, M, b, flops_per_s, link_bytes_per_s,
