@@ -904,6 +904,8 @@ def cmd_plan(args) -> int:
                          precision=args.precision)
     except NothingFits as e:
         print(f"gclab plan: {e}", file=sys.stderr)
+        if args.json:  # a script that reads the report gets one: what was sized, none fits
+            _print_json({"fits": False, "error": str(e), "candidates": e.candidates})
         return 1
     if args.json:
         _print_json(result.to_dict())

@@ -91,6 +91,17 @@ def test_plan_that_nothing_fits_names_what_a_plan_may_take_of_usable_memory(caps
     assert "but a plan may take 14.40 MiB (0.9 x usable 16.00 MiB)" in err, err
 
 
+def test_plan_json_that_nothing_fits_is_still_a_report(capsys):
+    """With --json a script reads stdout: where nothing fits it gets a report saying so,
+    with what was sized, not an empty output (the line on stderr and status 1 stay)."""
+    argv = ["plan", "--budget", "16MiB", *TINY_NET, "--compiled", "no", "--json"]
+    assert cli.main(argv) == 1
+    captured = capsys.readouterr()
+    report = json.loads(captured.out)
+    assert report["fits"] is False and report["error"].startswith("nothing fits: ")
+    assert report["candidates"] and captured.err.startswith("gclab plan: nothing fits: ")
+
+
 @pytest.mark.parametrize("argv, words", [
     (["graph", "--preset", "cpu-4x32", *TINY], "not both"),
     (["graph", "--resolution", "6"], "--mesh-splits"),

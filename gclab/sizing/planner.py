@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import math
 import re
 from typing import Any, Optional, Union
@@ -413,7 +414,9 @@ def plan(budget: Union[int, float, str], model: ModelConfig, task: TaskConfig, *
         raise NothingFits(
             f"nothing fits: the smallest requirement found is {format_bytes(smallest)} "
             f"({'compiled' if compiled else 'modelled'}) but a plan may take "
-            f"{format_bytes(limit)} ({headroom:g} x usable {format_bytes(total)})")
+            f"{format_bytes(limit)} ({headroom:g} x usable {format_bytes(total)})",
+            # Rows of plain numbers, bools and None (pandas' JSON), as a report writes them.
+            candidates=json.loads(table.to_json(orient="records")))
     peak = chosen["compiled_bytes"] if compiled else chosen["modelled_bytes"]
     return Plan(memory=chosen["memory"], label=chosen["label"],
                 predicted_peak_bytes=int(peak), source="compiled" if compiled else "modelled",
