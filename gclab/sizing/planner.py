@@ -206,15 +206,20 @@ def json_records(df: pd.DataFrame) -> list:
             for r in df.to_dict(orient="records")]
 
 
-def ladder(S: int, precision: str = "f32") -> list[tuple[str, MemoryConfig]]:
+def ladder(S: int, precision: str = "f32", rollout: int = 1) -> list[tuple[str, MemoryConfig]]:
     """The candidate settings before the MILP's mix, as `(label, MemoryConfig)`.
 
     Remat and edge blocks trade time for memory; gather after matmul (`+gam`) saves both,
-    so it appears at several rungs.
+    so it appears at several rungs. A rollout of more than one step adds every rung but
+    `none` once more with each autoregressive step under its own checkpoint, labelled
+    ``+rollout remat`` as `gclab.sizing.step.recipe_label` names it: ``deepmind+rollout
+    remat`` is the step ``gclab memory --recipe deepmind --rollout T`` compiles
+    (`recipe_memory`), ``deepmind`` the recipe's techniques without it.
 
     Args:
       S: processor steps (group sizes above S are left out).
       precision: `f32` or `bf16`.
+      rollout: T, the autoregressive steps of the training step.
     """
     base = MemoryConfig(precision=precision)
     blocks = dict(edge_block_size=EDGE_BLOCK)
@@ -234,6 +239,9 @@ def ladder(S: int, precision: str = "f32") -> list[tuple[str, MemoryConfig]]:
         ("deepmind", RECIPES["deepmind"].replace(precision=precision)),
         ("lean", RECIPES["lean"].replace(precision=precision)),
     ]
+    if rollout > 1:
+        out += [(f"{label}+rollout remat", m.replace(rollout_remat=True))
+                for label, m in out if label != "none"]
     return out
 
 
@@ -369,7 +377,7 @@ def plan(budget: Union[int, float, str], model: ModelConfig, task: TaskConfig, *
     counts = analytical.GraphCounts.for_model(model)
     u = ACTIVATION_BYTES[precision]
 
-    cands = ladder(model.processor_steps, precision)
+    cands = ladder(model.processor_steps, precision, rollout)
     if speed is None:
         speed = speed_for(card_name(budget), precision)
     elif not isinstance(speed, SpeedModel):
@@ -377,8 +385,11 @@ def plan(budget: Union[int, float, str], model: ModelConfig, task: TaskConfig, *
     milp_mem, milp_info = _milp(model, task, counts, limit, batch, rollout, precision, u,
                                 speed)
     if milp_mem is not None and all(milp_mem != m for _, m in cands):
-        cands.insert(1, (f"milp({milp_mem.remat_spec}"
-                         + (",blocks" if milp_mem.edge_block_size else "") + ")", milp_mem))
+        label = (f"milp({milp_mem.remat_spec}" + (",blocks" if milp_mem.edge_block_size
+                                                   else "") + ")")
+        cands.insert(1, (label, milp_mem))
+        if rollout > 1:  # its mix, each autoregressive step checkpointed too (as `ladder`)
+            cands.insert(2, (f"{label}+rollout remat", milp_mem.replace(rollout_remat=True)))
     rows = []
     for label, mem in cands:
         e = analytical.estimate(model, task, mem, batch=batch, rollout=rollout, counts=counts,

@@ -177,6 +177,26 @@ def test_planner_analytical_presets_use_remat_on_small_cards():
                      use_compiled=False)
 
 
+def test_planner_offers_rollout_remat_for_a_rollout_under_the_commands_names():
+    """At a rollout of several steps every setting is offered with each autoregressive step
+    checkpointed too, named as the commands name that step (``deepmind+rollout remat`` is
+    ``gclab memory --recipe deepmind --rollout T``'s); a budget only those fit is met."""
+    from gclab.sizing.step import recipe_memory
+
+    rungs = dict(planner.ladder(4, "f32", rollout=3))
+    for recipe in ("per-step", "deepmind", "lean"):
+        assert rungs[f"{recipe}+rollout remat"] == recipe_memory(recipe, rollout=3)
+        assert not rungs[recipe].rollout_remat
+    assert "none+rollout remat" not in rungs
+    assert not any(m.rollout_remat for _, m in planner.ladder(4, "f32"))
+    model = ModelConfig(resolution=6.0, mesh_splits=2, latent_size=32, processor_steps=4)
+    task = TaskConfig(pressure_levels=(500, 850))
+    chosen = planner.plan("40MiB", model, task, rollout=4, use_compiled=False)
+    assert chosen.memory.rollout_remat and chosen.label.endswith("+rollout remat")
+    plain = chosen.candidates[~chosen.candidates.label.str.endswith("rollout remat")]
+    assert not plain.fits.any()  # without rollout remat nothing fits this budget
+
+
 TINY = ModelConfig(resolution=6.0, mesh_splits=2, latent_size=16, processor_steps=2)
 
 
