@@ -276,8 +276,10 @@ def scale_banner(scale: Scale, width: int = PAGE_WIDTH) -> str:
     horizontally scrolled output; the list of allowed values is never split.
 
     Raises:
+      TypeError: `scale` not a `Scale` (a scale's name is not one, as for `live_configs`).
       ValueError: `width` not an integer >= 20 (as `page_text`).
     """
+    _require_scale(scale, "scale_banner")
     width = require_count("width", width, 20, "scale_banner")
     text = (f"This chapter runs at scale {scale} (set {SCALE_ENV}="
             + "|".join(SCALES) + " to change it).")
@@ -342,6 +344,19 @@ def _require_scale(scale: object, caller: str) -> Scale:
                         f"name one of {', '.join(SCALES)})", caller)
 
 
+#: The book's chapters, as `live_configs` and `gpu_record` take them.
+CHAPTERS = tuple(f"{n:02d}" for n in range(1, 9))
+
+
+def _require_chapter(chapter: object, caller: str) -> str:
+    """`chapter` as its two digits (``"01"``; ``1`` or ``"1"`` name it too), or one
+    ValueError line naming `caller` for a chapter the book has not."""
+    name = str(chapter).zfill(2)
+    if name not in CHAPTERS:
+        raise ValueError(f"{caller} chapter={chapter!r} is invalid: one of 01 to 08")
+    return name
+
+
 def live_configs(chapter: str, scale: Scale) -> list[LiveConfig]:
     """The configurations chapter `chapter` runs on the device at `scale`.
 
@@ -354,6 +369,7 @@ def live_configs(chapter: str, scale: Scale) -> list[LiveConfig]:
       ValueError: an unknown chapter.
     """
     _require_scale(scale, "live_configs")
+    chapter = _require_chapter(chapter, "live_configs")
     from gclab.config import get_preset
     from gclab.geometry import graphs_for
     from gclab.memory import MemoryConfig, get_recipe, parse_remat_spec, scaled_edge_block
@@ -361,7 +377,6 @@ def live_configs(chapter: str, scale: Scale) -> list[LiveConfig]:
     from gclab.sizing.sweep import grid
 
     task = TaskConfig.from_levels(13)
-    chapter = str(chapter).zfill(2)
     if chapter == "01":
         return [LiveConfig("01", "forward pass", StepSpec(scale.live, task))]
     if chapter == "03":
@@ -621,9 +636,12 @@ def gpu_record(chapter: str, scale: Scale, data_dir: Optional[Path] = None, *,
 
     Raises:
       TypeError: `scale` not a `Scale` (a scale's name is not one, as for `live_configs`).
+      ValueError: an unknown chapter (as for `live_configs`): a chapter the book has not
+        is an error, not a chapter without a recording.
     """
     _require_scale(scale, "gpu_record")
-    part = GPU_RECORDING_PARTS.get(str(chapter).zfill(2))
+    chapter = _require_chapter(chapter, "gpu_record")
+    part = GPU_RECORDING_PARTS.get(chapter)
     if part is None:
         return None
     names = [scale.name] + ([s for s in reversed(SCALES) if s not in ("cpu", scale.name)]
@@ -631,7 +649,7 @@ def gpu_record(chapter: str, scale: Scale, data_dir: Optional[Path] = None, *,
     for name in names:
         record = recorded(f"gpu-{name}-{part}", data_dir)
         rows = [r for r in (record or {}).get("rows", [])
-                if r.get("chapter") == str(chapter).zfill(2)]
+                if r.get("chapter") == chapter]
         if rows:  # a run cut short before this chapter's rows counts as none
             return {**record, "scale": record.get("scale", name), "rows": rows}
     return None
@@ -652,10 +670,12 @@ def gpu_recording(chapter: str, scale: Scale, data_dir: Optional[Path] = None, *
 
     Raises:
       TypeError: `scale` not a `Scale` (a scale's name is not one, as for `live_configs`).
+      ValueError: an unknown chapter (as for `live_configs`).
     """
     import pandas as pd
 
     _require_scale(scale, "gpu_recording")
+    _require_chapter(chapter, "gpu_recording")
     record = gpu_record(chapter, scale, data_dir, other_scales=other_scales)
     if record is None:
         return None
@@ -707,9 +727,16 @@ def precision_by_backend(names: Sequence[str] = MEMORY_RECORDINGS,
       the device, both temps, their ratio, and whether XLA's own rematerialization pass reported
       shrinking either compile (`benchmarks/memory_device.py --report`). Recordings that
       do not exist are left out.
+
+    Raises:
+      TypeError: `names` is one str (``"memory-cpu"``), not a sequence of names
+        (`WrongType`): iterated, it would be read letter by letter.
     """
     import pandas as pd
 
+    if isinstance(names, str):
+        raise WrongType(f"precision_by_backend names={names!r} is invalid: a sequence of "
+                        f"recording names ([{names!r}] for one), not a str")
     sources, rows = [], []
     for name in names:
         record = recorded(name, data_dir)
@@ -771,7 +798,9 @@ def claim_figures(record: Optional[dict]) -> dict:
         "scheduled_total": totals.get("memory-first-schedule", na),
         "scheduled_fits": verdict("memory-first-schedule"),
         "peak": _format(peak["peak_bytes"]) if peak else na,
-        "peak_f32": f"{peak['float32_bytes'] / peak['peak_bytes']:.0%}" if peak else na,
+        # A peak of 0 bytes (a recording cut short) has no share to give.
+        "peak_f32": (f"{peak['float32_bytes'] / peak['peak_bytes']:.0%}"
+                     if peak and peak.get("peak_bytes") else na),
         "grid_buffers": peak["grid_sized_buffers"] if peak else nan,
         "grid_bytes": _format(peak["grid_sized_bytes"]) if peak else na,
         "live_peak": _format(live["peak_bytes"]) if live.get("peak_bytes") else na,
@@ -895,8 +924,21 @@ def planned_and_measured_table(beside) -> tuple:
       ``of which temp``, ``measured peak`` and ``measured / plan`` (2 digits), with "n/a"
       where nothing was measured; `notes` lists, once each, why a peak is missing (one
       line per reason, for the text under the table), empty where every peak was measured.
+
+    Raises:
+      ValueError: `beside` lacks a column `planned_and_measured` writes; `WrongType` where
+        it is no DataFrame.
     """
     import pandas as pd
+
+    require_kind("beside", beside, pd.DataFrame, "a DataFrame (planned_and_measured's result)",
+                 "planned_and_measured_table")
+    for column in ("plan_bytes", "temp_bytes", "measured_peak_bytes", "measured_over_plan",
+                   "measured"):
+        if column not in beside.columns:
+            have = ", ".join(map(repr, map(str, beside.columns))) or "none"
+            raise ValueError(f"planned_and_measured_table: beside has no column {column!r} "
+                             f"(planned_and_measured's result has it); columns: {have}")
 
     measured = beside["measured_peak_bytes"].notna()
     table = pd.DataFrame({

@@ -20,6 +20,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullLocator
 
 from gclab import devices
+from gclab.config import WrongType, a_kind, is_number, require_kind
 from gclab.geometry.graphs import Graphs
 from gclab.geometry.grid_mesh import xyz_to_lat_lon
 from gclab.geometry.icosahedral import Multimesh
@@ -87,12 +88,76 @@ def plan_limits_gb(names: Sequence[str] = FIT_CARDS) -> dict[str, float]:
     0.75 of the card by default), not the printed size. The value is in GB of 10^9 bytes, as
     `plot_fit_chart` takes it; the label gives the same limit in binary units, as the byte
     axis and the book's prose do (``"H100: 50.29 GiB"``).
+
+    Raises:
+      TypeError: `names` is one str (``"H100"``), not a sequence of names (`WrongType`).
     """
+    if isinstance(names, str):  # iterated, "H100" would be read as the cards "H", "1", ...
+        raise WrongType(f"plan_limits_gb names={names!r} is invalid: a sequence of card names "
+                        f"([{names!r}] for one card), not a str")
     out = {}
     for name in names:
         limit = devices.FIT_MARGIN * devices.card_usable_bytes(name)
         out[f"{name}: {format_bytes(limit)}"] = limit / 1e9
     return out
+
+
+def _require_columns(fn: str, df: object, needed: Mapping[str, str], rows: bool = True
+                     ) -> pd.DataFrame:
+    """`df` if it is a DataFrame with every column of `needed` (and, where `rows`, a row).
+
+    Args:
+      fn: the plotting function, as the message names it.
+      df: what was given.
+      needed: column -> the argument that names it (``"label"``), or what it holds.
+      rows: a frame without rows is refused too (it would draw an empty chart, or fail deep
+        inside matplotlib).
+
+    Raises:
+      WrongType: `df` not a DataFrame.
+      ValueError: ``"<fn>: df has no column 'x' (<argument>); columns: ..."``, or no rows.
+    """
+    require_kind("df", df, pd.DataFrame, "a pandas DataFrame", fn)
+    for column, what in needed.items():
+        if column not in df.columns:
+            have = ", ".join(map(repr, map(str, df.columns))) or "none"
+            raise ValueError(f"{fn}: df has no column {column!r} ({what}); columns: {have}")
+    if rows and df.empty:
+        raise ValueError(f"{fn}: df has no rows: nothing to draw")
+    return df
+
+
+def _require_finite(fn: str, df: pd.DataFrame, column: str, label: str) -> np.ndarray:
+    """`df[column]` as floats, or a ValueError naming the column and the row (by its `label`)
+    of the first value that is not a finite number: a NaN bar or point is not drawn, and a
+    label placed at it lands at (nan, y)."""
+    values = pd.to_numeric(df[column], errors="coerce").to_numpy(dtype=float)
+    bad = np.flatnonzero(~np.isfinite(values))
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(f"{fn}: df[{column!r}] is {_plain(df[column].iloc[i])!r} for {label} "
+                         f"{_plain(df[label].iloc[i])!r}: a finite number in every row")
+    return values
+
+
+def _plain(value: Any) -> Any:
+    """A numpy scalar as the Python value it holds, so that a message shows ``nan``, not
+    ``np.float64(nan)``."""
+    return value.item() if isinstance(value, np.generic) else value
+
+
+def _require_number(fn: str, name: str, value: object, optional: bool = False) -> Any:
+    """`value` if it is a finite number >= 0 (or None, where `optional`); otherwise one line
+    naming `fn` and `name` (`WrongType` for a value that is no number: ``"16GB"``, say)."""
+    if optional and value is None:
+        return value
+    allowed = "a number of bytes >= 0" + (" or None" if optional else "")
+    if not is_number(value):
+        raise WrongType(f"{fn} {name}={value!r} is invalid: {allowed}, not {a_kind(value)}")
+    if not (np.isfinite(value) and value >= 0):
+        raise ValueError(f"{fn} {name}={value!r} is invalid: {allowed}")
+    return value
+
 
 _STEP_RE = re.compile(r" step (\d+)$")
 
@@ -194,6 +259,12 @@ def plot_timeline(
         if isinstance(timeline_or_list, (list, tuple))
         else [timeline_or_list]
     )
+    if not timelines:  # nothing to fill or to take the first of
+        raise ValueError("plot_timeline: timeline_or_list is empty: a Timeline, or a list of "
+                         "one or more")
+    if labels is not None and len(labels) != len(timelines):
+        raise ValueError(f"plot_timeline: labels has {len(labels)} entries for "
+                         f"{len(timelines)} timeline(s): one label per timeline")
     if labels is None:
         labels = [t.name or f"timeline {i}" for i, t in enumerate(timelines)]
     several = len(timelines) > 1
@@ -257,7 +328,12 @@ def plot_residuals(
 
     Returns:
       The figure, one bar per module.
+
+    Raises:
+      ValueError: `df` lacks a ``module`` or ``bytes`` column, or has no rows.
     """
+    _require_columns("plot_residuals", df, {"module": "each row's module",
+                                            "bytes": "each row's residual bytes"})
     data = df if include_arguments else df[df["module"] != ARGUMENTS_GROUP]
     grouped = data.groupby("module", sort=False)["bytes"].sum().sort_values()
     with style():
@@ -307,7 +383,15 @@ def plot_tradeoff(
 
     Returns:
       The figure, one scatter collection per recipe (annotated with its name).
+
+    Raises:
+      ValueError: a column missing, no rows, or a value of `x` or `y` that is not a finite
+        number (a recipe that did not run: drop its row, as ``dropna`` does).
     """
+    fn = "plot_tradeoff"
+    _require_columns(fn, df, {x: "x", y: "y", recipe: "recipe"})
+    for column in (x, y):
+        _require_finite(fn, df, column, recipe)
     with style():
         fig, ax = plt.subplots()
         for i, (name, group) in enumerate(df.groupby(recipe, sort=False)):
@@ -389,7 +473,13 @@ def plot_heatmap(
 
     Returns:
       The figure (`fig.axes[0].texts` holds one label per cell).
+
+    Raises:
+      ValueError: a column missing, no rows, or `budget_bytes` not a number >= 0 (a str
+        such as ``"16GB"``: `WrongType`).
     """
+    _require_columns("plot_heatmap", df, {x: "x", y: "y", value: "value"})
+    _require_number("plot_heatmap", "budget_bytes", budget_bytes, optional=True)
     grid = df.pivot_table(index=y, columns=x, values=value, aggfunc="max", dropna=False)
     oom = pd.DataFrame(False, index=grid.index, columns=grid.columns)
     if status in df.columns:
@@ -429,7 +519,8 @@ def plot_heatmap(
             bar = fig.colorbar(image, ax=ax)
             bytes_axis(bar.ax.yaxis)
         # The cells' precision: a 50.2 GiB cell that fits must not sit under "budget 50 GiB".
-        suffix = f" (budget {format_bytes(budget_bytes, 1)})" if budget_bytes else ""
+        suffix = (f" (budget {format_bytes(budget_bytes, 1)})" if budget_bytes is not None
+                  else "")
         ax.set_title((title or value.replace("_", " ")) + suffix)
         fig.tight_layout()
     return fig
@@ -478,7 +569,21 @@ def plot_fit_chart(
     Returns:
       The figure: one bar per configuration (coloured by the smallest card it fits)
       and one horizontal line per card.
+
+    Raises:
+      ValueError: a column missing, no rows, a `value` that is not a finite number (a NaN
+        bar is not drawn, yet would be coloured as fitting no card), or a card limit that is
+        not a positive number; `WrongType` where `cards` is no sequence or mapping.
     """
+    fn = "plot_fit_chart"
+    _require_columns(fn, df, {label: "label", value: "value"})
+    _require_finite(fn, df, value, label)
+    allowed = "a sequence of GB limits, or a {name: GB} mapping (plan_limits_gb())"
+    if isinstance(cards, str) or not isinstance(cards, (Sequence, Mapping)):
+        raise WrongType(f"{fn} cards={cards!r} is invalid: {allowed}, not {a_kind(cards)}")
+    limits = cards.values() if isinstance(cards, Mapping) else cards
+    if not limits or not all(is_number(g) and np.isfinite(g) and g > 0 for g in limits):
+        raise ValueError(f"{fn} cards={cards!r} is invalid: {allowed}, each limit a number > 0")
     named = (
         dict(cards) if isinstance(cards, Mapping) else {f"{g:g} GB": float(g) for g in cards}
     )
@@ -641,7 +746,17 @@ def plot_layout_memory(df: pd.DataFrame, one_device_temp: float) -> Figure:
 
     Returns:
       The figure (log-log axes, devices ticked at powers of two).
+
+    Raises:
+      ValueError: a column missing, no rows, a device count or temp that is not a finite
+        number, or `one_device_temp` not a number >= 0 (`WrongType` for a str, say).
     """
+    fn = "plot_layout_memory"
+    _require_columns(fn, df, {"layout": "each row's layout", "devices": "its device count",
+                              "temp / device": "its temp bytes per device"})
+    for column in ("devices", "temp / device"):
+        _require_finite(fn, df, column, "layout")
+    _require_number(fn, "one_device_temp", one_device_temp)
     with style():
         fig, ax = plt.subplots(figsize=(7, 3.8))
         for kind, part in df.groupby("layout", sort=False):
@@ -670,7 +785,16 @@ def plot_stage_memory(series: Mapping[str, Sequence[float]], budget: float,
 
     Returns:
       The figure: one group of bars per stage.
+
+    Raises:
+      ValueError: no choices, choices of different stage counts, or `budget` not a number
+        >= 0; `WrongType` where `series` is no mapping.
     """
+    allowed = "a {choice name: bytes per stage} mapping"
+    require_kind("series", series, Mapping, allowed, "plot_stage_memory")
+    if not series:
+        raise ValueError(f"plot_stage_memory: series is empty: {allowed} of one choice or more")
+    _require_number("plot_stage_memory", "budget", budget)
     counts = {len(v) for v in series.values()}
     if len(counts) != 1:
         raise ValueError(f"every choice needs the same number of stages, got {sorted(counts)}")
@@ -715,7 +839,20 @@ def plot_guarded_heatmap(
 
     Returns:
       The figure (`fig.axes[0].texts` holds one label per cell).
+
+    Raises:
+      ValueError: a column missing or no rows; `WrongType` where `fits` holds anything but
+        True and False (a str ``"False"`` or a NaN would read as True: drawn as a cell that
+        ran).
     """
+    fn = "plot_guarded_heatmap"
+    _require_columns(fn, df, {x: "x", y: "y", value: "value", plan: "plan", fits: "fits"})
+    flags = df[fits]
+    if flags.dtype != bool:
+        wrong = [_plain(v) for v in flags if not isinstance(v, (bool, np.bool_))]
+        if wrong:
+            raise WrongType(f"{fn}: df[{fits!r}] holds {wrong[0]!r}: True or False only "
+                            f"(a bool column, as guarded_grid writes it), not {a_kind(wrong[0])}")
     marked = df.assign(status=np.where(df[fits].astype(bool), "ok", "oom"))
     fig = plot_heatmap(marked, x=x, y=y, value=value, status="status", title=title)
     plans = df.pivot_table(index=y, columns=x, values=plan, aggfunc="max")
