@@ -22,7 +22,7 @@ import jax
 import numpy as np
 
 from gclab import training
-from gclab.config import ModelConfig, TaskConfig
+from gclab.config import ModelConfig, TaskConfig, WrongType, a_kind
 from gclab.geometry.graphs import graphs_for
 from gclab.measure.compiled import plan_only_options
 from gclab.memory.config import MemoryConfig
@@ -86,27 +86,64 @@ class Agreement:
 
 
 def _flat(leaves) -> np.ndarray:
-    return np.concatenate([np.ravel(np.asarray(a, np.float64)) for a in leaves])
+    return np.concatenate([np.ravel(a) for a in leaves])
+
+
+def _paired(caller: str, leaves: Sequence, reference: Sequence) -> tuple[list, list]:
+    """The leaves of both gradients as float64 arrays, if they pair one to one.
+
+    Leaves of different shapes would be broadcast against each other (a (5,) leaf against
+    a (1,) one can agree exactly), and flattened ones compared element by element across
+    leaf boundaries, so each pair must have one shape.
+
+    Raises:
+      ValueError: in one line that starts with `caller`: no leaves, different numbers of
+        leaves, or a pair of different shapes (naming its index).
+    """
+    for name, value in (("leaves", leaves), ("reference", reference)):
+        if isinstance(value, (str, bytes)) or not isinstance(value, (Sequence, np.ndarray)):
+            raise WrongType(f"{caller} {name} is invalid: a sequence of gradient arrays, not "
+                            f"{a_kind(value)}")
+    if len(leaves) != len(reference):
+        raise ValueError(f"{caller} leaves is invalid: as many gradient arrays as reference, "
+                         f"and it has {len(leaves)} against {len(reference)}")
+    if not len(leaves):
+        raise ValueError(f"{caller} leaves is invalid: at least one gradient array, not none")
+    a = [np.asarray(x, np.float64) for x in leaves]
+    b = [np.asarray(x, np.float64) for x in reference]
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x.shape != y.shape:
+            raise ValueError(f"{caller} leaves[{i}] is invalid: the shape of reference[{i}], "
+                             f"{y.shape}, not {x.shape}")
+    return a, b
 
 
 def compare_leaves(leaves: Sequence, reference: Sequence) -> tuple[float, float]:
-    """`(grad_rel, grad_norm_rel)` of gradient leaves against reference leaves."""
-    if len(leaves) != len(reference):
-        raise ValueError(f"{len(leaves)} gradient arrays against {len(reference)}")
-    worst = max(float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64)))
-                      / (np.max(np.abs(np.asarray(b, np.float64))) + 1e-30))
-                for a, b in zip(leaves, reference))
-    a, b = _flat(leaves), _flat(reference)
-    return worst, float(np.linalg.norm(a - b) / np.linalg.norm(b))
+    """`(grad_rel, grad_norm_rel)` of gradient leaves against reference leaves.
+
+    Raises:
+      ValueError: no leaves, different numbers of leaves, or a pair of leaves of different
+        shapes.
+    """
+    a, b = _paired("compare_leaves", leaves, reference)
+    worst = max(float(np.max(np.abs(x - y), initial=0.0)
+                      / (np.max(np.abs(y), initial=0.0) + 1e-30))
+                for x, y in zip(a, b))
+    fa, fb = _flat(a), _flat(b)
+    return worst, float(np.linalg.norm(fa - fb) / np.linalg.norm(fb))
 
 
 def gradient_cosine(leaves: Sequence, reference: Sequence) -> float:
     """The cosine of the angle between two gradients, their leaves as one vector each (how
-    a bfloat16 gradient's direction compares with float32's)."""
-    if len(leaves) != len(reference):
-        raise ValueError(f"{len(leaves)} gradient arrays against {len(reference)}")
-    a, b = _flat(leaves), _flat(reference)
-    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+    a bfloat16 gradient's direction compares with float32's).
+
+    Raises:
+      ValueError: no leaves, different numbers of leaves, or a pair of leaves of different
+        shapes.
+    """
+    a, b = _paired("gradient_cosine", leaves, reference)
+    fa, fb = _flat(a), _flat(b)
+    return float(fa @ fb / (np.linalg.norm(fa) * np.linalg.norm(fb)))
 
 
 class LayoutCheck:

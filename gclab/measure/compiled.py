@@ -22,8 +22,9 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
+import numpy as np
 
-from gclab.config import require_kind
+from gclab.config import WrongType, a_kind, require_kind
 from gclab.limits import format_bytes
 
 __all__ = ["DEFAULT_CPU_OPTIONS", "GPU_PLATFORMS", "PLAN_ONLY_CPU_OPTIONS", "CompiledMemory",
@@ -299,6 +300,55 @@ def memory_of_compiled(compiled: Any, compile_seconds: float = float("nan")) -> 
     )
 
 
+#: Dtypes JAX narrows to 32 bits while its 64-bit mode (``jax_enable_x64``) is off.
+_X64_DTYPES = tuple(np.dtype(d) for d in ("float64", "int64", "uint64", "complex128"))
+
+
+def require_plannable(caller: str, fn: object, args: Sequence[Any],
+                      kwargs: Mapping[str, Any]) -> None:
+    """Refuses, before compiling, what XLA would plan as something else or not at all.
+
+    A `jax.ShapeDtypeStruct` of a 64-bit dtype with JAX's 64-bit mode off is compiled as
+    its 32-bit counterpart, without a word, and the plan is half the bytes asked for; a
+    negative dimension fails deep in the compiler.
+
+    Args:
+      caller: the function's name, to start the message with.
+      fn: the function to compile.
+      args, kwargs: its arguments.
+
+    Raises:
+      ValueError: in one line naming `caller` and the argument's path (`args[0]['w']`): a
+        64-bit dtype with 64-bit mode off, or a negative dimension; `WrongType` for an `fn`
+        that is not callable.
+    """
+    if not callable(fn):
+        raise WrongType(f"{caller} fn is invalid: a function to compile, not {a_kind(fn)}")
+    x64 = bool(jax.config.jax_enable_x64)
+    leaves, _ = jax.tree_util.tree_flatten_with_path((tuple(args), dict(kwargs)))
+    for path, leaf in leaves:
+        if not isinstance(leaf, jax.ShapeDtypeStruct):
+            continue
+        # The first key is args or kwargs; the rest is the path inside them.
+        top = "args" if path[0].idx == 0 else "kwargs"
+        rest = path[1:]
+        if top == "kwargs":
+            name, rest = f"kwargs[{rest[0].key!r}]", rest[1:]
+        else:
+            name, rest = f"args[{rest[0].idx}]", rest[1:]
+        name += jax.tree_util.keystr(tuple(rest))
+        if any(d < 0 for d in leaf.shape if isinstance(d, int)):
+            raise ValueError(f"{caller} {name} shape={tuple(leaf.shape)} is invalid: "
+                             "dimensions >= 0")
+        dtype = np.dtype(leaf.dtype)
+        if not x64 and dtype in _X64_DTYPES:
+            raise ValueError(
+                f"{caller} {name} dtype={dtype.name} is invalid: a dtype of at most 32 bits "
+                f"while JAX's 64-bit mode is off (it would be compiled as "
+                f"{jax.dtypes.canonicalize_dtype(dtype).name}, half the bytes); turn "
+                "jax_enable_x64 on to plan it")
+
+
 def compiled_memory(
     fn: Callable[..., Any],
     *args: Any,
@@ -320,7 +370,12 @@ def compiled_memory(
 
     Returns:
       A `CompiledMemory`.
+
+    Raises:
+      ValueError: a 64-bit `jax.ShapeDtypeStruct` while JAX's 64-bit mode is off, or a
+        negative dimension (`require_plannable`); `WrongType` for an `fn` not callable.
     """
+    require_plannable("compiled_memory", fn, args, kwargs)
     compiled, seconds = compile_timed(
         fn, args, kwargs, static_argnums, donate_argnums,
         plan_only_options(platform=target_platform(args, kwargs))

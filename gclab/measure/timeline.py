@@ -76,12 +76,13 @@ import numpy as np
 import pandas as pd
 from jax.experimental.compilation_cache.compilation_cache import reset_cache
 
-from gclab.config import require_kind
+from gclab.config import WrongType, a_kind, require_kind
 from gclab.measure.compiled import (
     compile_timed,
     format_bytes,
     memory_of_compiled,
     plan_only_options,
+    require_plannable,
 )
 from gclab.memory.remat import STEP_SCOPE_PREFIX
 
@@ -813,6 +814,27 @@ def timeline_from_dump(
     )
 
 
+def require_stage_rules(stage_rules: object, caller: str) -> None:
+    """Refuses `stage_rules` that are not None or a sequence of ``(pattern, label)`` pairs
+    (a str pattern or a compiled regex, a str label), naming the first bad rule.
+
+    Raises:
+      WrongType: in one line that starts with `caller`.
+    """
+    allowed = "None or a sequence of (pattern, label) pairs: a str or compiled regex, a str"
+    if stage_rules is None:
+        return
+    if isinstance(stage_rules, (str, bytes)) or not isinstance(stage_rules, Sequence):
+        raise WrongType(f"{caller} stage_rules is invalid: {allowed}, not {a_kind(stage_rules)}")
+    for i, rule in enumerate(stage_rules):
+        if (not isinstance(rule, (tuple, list)) or len(rule) != 2
+                or not isinstance(rule[0], (str, re.Pattern)) or not isinstance(rule[1], str)):
+            text = repr(rule)
+            shown = text if len(text) <= 80 else a_kind(rule)
+            raise WrongType(f"{caller} stage_rules[{i}]={shown} is invalid: a (pattern, label) "
+                            "pair: a str or compiled regex, a str")
+
+
 def _module_name(hlo_text: str) -> str | None:
     """The name on an HLO text's ``HloModule`` line (XLA's dump files carry it), or None."""
     m = re.search(r"^HloModule\s+([^\s,]+)", hlo_text, re.MULTILINE)
@@ -852,7 +874,14 @@ def memory_timeline(
 
     Returns:
       A `Timeline` whose `temp_bytes` comes from the same compilation.
+
+    Raises:
+      ValueError: a 64-bit `jax.ShapeDtypeStruct` while JAX's 64-bit mode is off, or a
+        negative dimension (`gclab.measure.compiled.require_plannable`); `WrongType` for an
+        `fn` not callable or malformed `stage_rules`.
     """
+    require_plannable("memory_timeline", fn, args, kwargs)
+    require_stage_rules(stage_rules, "memory_timeline")
     return compile_with_timeline(
         fn, *args, stage_rules=stage_rules, static_argnums=static_argnums,
         donate_argnums=donate_argnums, name=name, keep_dump=keep_dump,
@@ -910,6 +939,8 @@ def compile_with_timeline(
     Returns:
       ``(compiled, compile_seconds, timeline)``.
     """
+    require_plannable("compile_with_timeline", fn, args, kwargs)
+    require_stage_rules(stage_rules, "compile_with_timeline")
     if keep_dump is not None:
         require_kind("keep_dump", keep_dump, (str, os.PathLike), "a folder path")
         os.makedirs(keep_dump, exist_ok=True)

@@ -24,11 +24,21 @@ stated in `tests/memory/test_techniques.py`.
 from __future__ import annotations
 
 import dataclasses
+import decimal
 import math
 import re
 from typing import Optional
 
-from gclab.config import MAX_INT32, PRESETS, invalid, is_int, is_number, normalise_numbers
+from gclab.config import (
+    MAX_INT32,
+    PRESETS,
+    WrongType,
+    invalid,
+    is_int,
+    is_number,
+    normalise_numbers,
+    require_count,
+)
 
 REMAT_KINDS = ("none", "step", "every", "nested", "ratio")
 REMAT_POLICIES = ("nothing", "dots", "aggregated", "node-latents")
@@ -170,7 +180,15 @@ class MemoryConfig:
         not read (`unread_remat_fields`) go back to their defaults, so that
         `replace(processor_remat="none")` of a `nested:4,policy=dots` config is plain
         `none`; those `changes` names are checked as given.
+
+        Raises:
+          ValueError: a bad value (`ConfigError`), or a name that is no field (`WrongType`,
+            which lists the fields).
         """
+        unknown = [name for name in changes if name not in _DEFAULTS]
+        if unknown:
+            raise WrongType(f"MemoryConfig.replace {unknown[0]}={changes[unknown[0]]!r} is "
+                            f"invalid: no such field; the fields are {', '.join(_DEFAULTS)}")
         kind = changes.get("processor_remat", self.processor_remat)
         ratio = changes.get("remat_ratio", self.remat_ratio)
         if isinstance(kind, str) and kind in REMAT_KINDS and is_number(ratio):
@@ -189,7 +207,7 @@ class MemoryConfig:
         kind = self.processor_remat
         spec = {"every": f"every:{self.remat_group_size}",
                 "nested": f"nested:{self.remat_group_size}",
-                "ratio": f"ratio:{self.remat_ratio:g}"}.get(kind, kind)
+                "ratio": f"ratio:{_decimal(self.remat_ratio)}"}.get(kind, kind)
         if self.remat_policy != "nothing":
             spec += f",policy={self.remat_policy}"
         return spec
@@ -205,7 +223,24 @@ class MemoryConfig:
 
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(MemoryConfig)}
 
-_SPEC = re.compile(r"^(none|step|every|nested|ratio)(?::([^,]+))?(?:,policy=([\w-]+))?$")
+# ASCII digits only (re.ASCII): a group size or a ratio is an integer or a plain decimal
+# (`every:3`, `ratio:0.25`), not whatever int() and float() also read ('3_0', '-0', ' 3',
+# Unicode digits, '1e-3', 'inf').
+_SPEC = re.compile(r"^(none|step|every|nested|ratio)(?::([^,]*))?(?:,policy=([\w-]+))?$",
+                   re.ASCII)
+_GROUP = re.compile(r"\d+", re.ASCII)
+_RATIO = re.compile(r"\d+(?:\.\d*)?|\.\d+", re.ASCII)
+
+
+def _decimal(value: float) -> str:
+    """`value` as the shortest plain decimal that reads back as the same float ('0.5',
+    '1', '0.123456789', '0.0000001'): what `parse_remat_spec` reads."""
+    text = repr(float(value))
+    if "e" in text or "E" in text:  # repr's exponent form: spelled out in full
+        text = format(decimal.Decimal(text), "f")
+    if "." in text:
+        text = text.rstrip("0").rstrip(".")
+    return text
 
 
 def parse_remat_spec(spec: str) -> dict:
@@ -227,19 +262,13 @@ def parse_remat_spec(spec: str) -> dict:
     kind, arg, policy = m.groups()
     fields = {"processor_remat": kind, "remat_group_size": 1, "remat_ratio": 1.0,
               "remat_policy": policy or "nothing"}
-    try:
-        if kind in ("every", "nested"):
-            if arg is None:
-                raise ValueError
-            fields["remat_group_size"] = int(arg)
-        elif kind == "ratio":
-            if arg is None:
-                raise ValueError
-            fields["remat_ratio"] = float(arg)
-        elif arg is not None:
-            raise ValueError
-    except ValueError:
-        raise ValueError(f"malformed remat spec {spec!r}; accepted: {REMAT_SPEC_HELP}") from None
+    number = {"every": _GROUP, "nested": _GROUP, "ratio": _RATIO}.get(kind)
+    if (arg is None) != (number is None) or number is not None and not number.fullmatch(arg):
+        raise ValueError(f"malformed remat spec {spec!r}; accepted: {REMAT_SPEC_HELP}")
+    if kind in ("every", "nested"):
+        fields["remat_group_size"] = int(arg)
+    elif kind == "ratio":
+        fields["remat_ratio"] = float(arg)
     if fields["remat_policy"] not in REMAT_POLICIES:
         raise ValueError(f"unknown remat policy {policy!r} in {spec!r}; accepted: "
                          + ", ".join(REMAT_POLICIES))
@@ -267,8 +296,15 @@ def scaled_edge_block(num_mesh2grid_edges: int, block: int = RECIPE_EDGE_BLOCK,
       num_mesh2grid_edges: mesh2grid edges of the grid at hand (3 Ng).
       block: the block size at 0.25 degree.
       minimum: the smallest block returned.
+
+    Raises:
+      ValueError: an argument that is not an integer >= 1 (`WrongType` for one that is
+        no integer at all).
     """
-    return max(int(minimum), int(num_mesh2grid_edges) * int(block) // FULL_MESH2GRID_EDGES)
+    edges = require_count("num_mesh2grid_edges", num_mesh2grid_edges, 1, "scaled_edge_block")
+    block = require_count("block", block, 1, "scaled_edge_block")
+    minimum = require_count("minimum", minimum, 1, "scaled_edge_block")
+    return max(minimum, edges * block // FULL_MESH2GRID_EDGES)
 
 RECIPES = {
     "none": MemoryConfig(),

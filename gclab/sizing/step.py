@@ -85,19 +85,29 @@ def recipe_memory(name: str, precision: str = "f32", *, rollout: int = 1,
       rollout: T, the autoregressive steps of the training step.
       remat: a processor remat spec (`every:2`, see `parse_remat_spec`) or its parsed
         fields, replacing the recipe's.
-      edge_block: edges per block, replacing the recipe's; 0 turns edge blocks off, and
-        with them what needs them (processor edge blocks, streamed grid nodes).
+      edge_block: edges per block (an integer, not a bool), replacing the recipe's; 0 turns
+        edge blocks off, and with them what needs them (processor edge blocks, streamed grid
+        nodes).
 
     Raises:
       ValueError: an unknown recipe or precision, a `rollout` that is not an integer >= 1,
-        or a malformed `remat`.
+        a malformed `remat` (a dict may name the processor remat fields only), or an
+        `edge_block` that is not an integer >= 0 (`WrongType` for a value of another kind).
     """
     rollout = require_count("rollout", rollout, 1, caller="recipe_memory:")
     memory = get_recipe(name, precision)
     changes = {}
     if remat is not None:
+        require_kind("remat", remat, (str, dict), "a remat spec (str) or a dict of "
+                     + ", ".join(_REMAT_FIELDS), caller="recipe_memory:")
+        unknown = [k for k in remat if k not in _REMAT_FIELDS] if isinstance(remat, dict) else []
+        if unknown:
+            raise ValueError(f"recipe_memory: remat={remat!r} is invalid: a dict of "
+                             f"{', '.join(_REMAT_FIELDS)} only, not {unknown[0]!r}")
         changes.update(parse_remat_spec(remat) if isinstance(remat, str) else remat)
     if edge_block is not None:
+        # An integer: False or 0.0 for "off" would read as a typo of something else.
+        edge_block = require_count("edge_block", edge_block, 0, caller="recipe_memory:")
         changes["edge_block_size"] = edge_block or None
         if not edge_block:  # no blocks: nor what needs them
             changes.update(dict.fromkeys(_BLOCK_FIELDS, False))
@@ -269,6 +279,39 @@ def _abstract(tree):
     return jax.tree_util.tree_map(lambda a: jax.ShapeDtypeStruct(np.shape(a), a.dtype), tree)
 
 
+def spec_graphs(spec: StepSpec, graphs: Optional[Graphs] = None, caller: str = "") -> Graphs:
+    """`graphs` if they are `spec.model`'s, or the model's own (`graphs_for`) where None.
+
+    Graphs of another geometry would size (or run) a step of another model under this
+    spec's name, so they are refused: the geometry they record (resolution, mesh splits,
+    radius fraction) and their node and edge counts must be the model's.
+
+    Raises:
+      ValueError: graphs of another geometry (`WrongType` for something not a `Graphs`),
+        in one line that starts with `caller` (a function's name) where given.
+    """
+    if graphs is None:
+        return graphs_for(spec.model)
+    require_kind("graphs", graphs, Graphs, "None or the model's Graphs (graphs_for)",
+                 caller=caller, optional=True)
+    m = spec.model
+    wanted = (("resolution", m.resolution, graphs.resolution),
+              ("mesh_splits", m.mesh_splits, graphs.mesh_splits),
+              ("radius_query_fraction_edge_length", m.radius_query_fraction_edge_length,
+               graphs.radius_query_fraction_edge_length),
+              ("grid nodes", m.num_grid_nodes, graphs.num_grid_nodes),
+              ("mesh nodes", m.num_mesh_nodes, graphs.num_mesh_nodes),
+              ("mesh edges", m.num_mesh_edges, graphs.mesh.num_edges),
+              ("mesh2grid edges", m.num_mesh2grid_edges, graphs.mesh2grid.num_edges))
+    for what, model_value, value in wanted:
+        if value != model_value:
+            where = f"{caller} " if caller else ""
+            raise ValueError(f"{where}graphs is invalid: graphs of spec.model's geometry "
+                             f"(graphs_for(spec.model)), and these have {what} {value!r}, "
+                             f"not {model_value!r}")
+    return graphs
+
+
 def train_step_abstract(spec: StepSpec, graphs: Optional[Graphs] = None):
     """The jittable training step and its arguments as `ShapeDtypeStruct`s.
 
@@ -276,7 +319,7 @@ def train_step_abstract(spec: StepSpec, graphs: Optional[Graphs] = None):
       `(step_fn, (state, graph, example))`: `step_fn(state, graph, example) -> (state,
       metrics)`, donating `state` when `spec.memory.donate`.
     """
-    graphs = graphs if graphs is not None else graphs_for(spec.model)
+    graphs = spec_graphs(spec, graphs, "train_step_abstract")
     graph = _abstract(graph_inputs(graphs))
     net = make_network(spec.model, spec.task.data_channels, spec.task.output_channels,
                        spec.memory)
@@ -293,11 +336,14 @@ def train_step_abstract(spec: StepSpec, graphs: Optional[Graphs] = None):
 
 def train_step_memory(spec: StepSpec, graphs: Optional[Graphs] = None) -> StepMemory:
     """XLA's compiled memory of one training step of `spec`, from shapes alone."""
-    return compile_train_step(spec, graphs).memory
+    _require_spec(spec, "train_step_memory")
+    return compile_train_step(spec, spec_graphs(spec, graphs, "train_step_memory")).memory
 
 
 def train_step_timeline(spec: StepSpec, graphs: Optional[Graphs] = None):
     """The memory timeline (`gclab.measure.timeline.Timeline`) of one training step of `spec`."""
+    _require_spec(spec, "train_step_timeline")
+    graphs = spec_graphs(spec, graphs, "train_step_timeline")
     return compile_train_step(spec, graphs, timeline=True).timeline
 
 
@@ -329,7 +375,7 @@ class CompiledStep:
 
 def estimate_step_bytes(spec: StepSpec, graphs: Optional[Graphs] = None) -> int:
     """The modelled total bytes of one training step (`gclab.sizing.analytical.estimate`)."""
-    graphs = graphs if graphs is not None else graphs_for(spec.model)
+    graphs = spec_graphs(spec, graphs, "estimate_step_bytes")
     counts = GraphCounts.for_model(spec.model, graphs.grid2mesh.num_edges)
     return estimate(spec.model, spec.task, spec.memory, batch=spec.batch, rollout=spec.rollout,
                     counts=counts, activation_bytes=4).total_bytes
@@ -361,11 +407,12 @@ def compile_train_step(spec: StepSpec, graphs: Optional[Graphs] = None, *,
 
     Args:
       spec: the step.
-      graphs: the model's graphs (built or loaded from the cache if None).
+      graphs: the model's graphs (built or loaded from the cache if None); graphs of
+        another geometry are refused.
       timeline: also read the memory timeline from XLA's buffer assignment.
       live: compile for real arrays (random state and batch, seeded by `seed`) and
         return a runnable step; the memory figures are the same as from shapes.
-      seed: seed of the random state and batch when `live`.
+      seed: seed of the random state and batch when `live` (an integer >= 0).
       run_if: with `live`, a test of the compiled memory: when it returns False, nothing
         is allocated and the returned step has no `run` (a plan that does not fit). On a
         GPU such a guarded compile leaves XLA's rematerialization pass out, so that the
@@ -380,15 +427,32 @@ def compile_train_step(spec: StepSpec, graphs: Optional[Graphs] = None, *,
       A `CompiledStep`.
 
     Raises:
+      ValueError: a bad argument, before compiling (`WrongType` for one of the wrong kind):
+        `graphs` of another geometry than `spec.model`'s (`spec_graphs`), a `seed` that is
+        not an integer >= 0, `devices` that are not a non-empty sequence of JAX devices, or
+        `run_if` or a `seed` other than 0 without `live` (they shape a live step only).
       gclab.limits.TooLarge: before compiling, a step too large to plan
         (`check_step_size`); with `live`, before allocating, a compiled step larger than
         the device's memory (`device_memory_bytes`).
       gclab.parallel.pipeline.StagesWouldHang: with `live` (and a run that `run_if`
         allows), before allocating, a pipelined step that would hang (`cannot_run`).
     """
-    if not isinstance(spec, StepSpec):
-        raise ValueError(f"spec must be a StepSpec, not {a_kind(spec)}")
-    graphs = graphs if graphs is not None else graphs_for(spec.model)
+    caller = "compile_train_step"
+    _require_spec(spec, caller)
+    for name, value in (("timeline", timeline), ("live", live)):
+        require_kind(name, value, bool, "True or False", caller=caller)
+    seed = require_count("seed", seed, 0, caller=caller)
+    if run_if is not None and not callable(run_if):
+        raise WrongType(f"{caller} run_if is invalid: None or a callable of the compiled "
+                        f"memory, not {a_kind(run_if)}")
+    # Both only shape a live step: without one they would be dropped without a word.
+    if not live and (run_if is not None or seed != 0):
+        given = "run_if" if run_if is not None else f"seed={seed}"
+        raise ValueError(f"{caller} {given} is invalid without live=True: it applies to a "
+                         "live step only")
+    if devices is not None:
+        devices = _device_list(devices, caller)
+    graphs = spec_graphs(spec, graphs, caller)
     check_step_size(spec, graphs)
     step, base = train_step_abstract(spec, graphs)
     args, mesh = base, None
@@ -443,6 +507,28 @@ def compile_train_step(spec: StepSpec, graphs: Optional[Graphs] = None, *,
     return CompiledStep(spec, memory, lines, _runner(compiled, real, mesh), collectives)
 
 
+def _require_spec(spec: object, caller: str) -> None:
+    if not isinstance(spec, StepSpec):
+        raise WrongType(f"{caller} spec must be a StepSpec, not {a_kind(spec)}")
+
+
+def _device_list(devices: object, caller: str) -> list:
+    """`devices` as a list, if they are a non-empty sequence of JAX devices."""
+    allowed = "a non-empty sequence of JAX devices (jax.devices())"
+    if isinstance(devices, (str, bytes, dict)) or not isinstance(devices, (Sequence,
+                                                                          np.ndarray)):
+        raise WrongType(f"{caller} devices is invalid: {allowed}, not {a_kind(devices)}")
+    listed = list(np.ravel(np.asarray(devices, dtype=object))) \
+        if isinstance(devices, np.ndarray) else list(devices)
+    if not listed:
+        raise ValueError(f"{caller} devices=[] is invalid: {allowed}")
+    for i, device in enumerate(listed):
+        if not isinstance(device, jax.Device):
+            raise WrongType(f"{caller} devices[{i}] is invalid: {allowed}, not "
+                            f"{a_kind(device)}")
+    return listed
+
+
 def _random_args(abstract_args, graphs: Graphs, seed: int):
     """Real (state, graph, example): random parameters and batch of the abstract shapes,
     and the optimizer state its `init` gives (zeros).
@@ -488,7 +574,7 @@ def _runner(compiled, args, mesh=None) -> Callable[[], dict]:
 
 def loss_grad_abstract(spec: StepSpec, graphs: Optional[Graphs] = None):
     """`(loss_fn, (params, graph, example))` with abstract arguments, for saved residuals."""
-    graphs = graphs if graphs is not None else graphs_for(spec.model)
+    graphs = spec_graphs(spec, graphs, "loss_grad_abstract")
     graph = _abstract(graph_inputs(graphs))
     net = make_network(spec.model, spec.task.data_channels, spec.task.output_channels,
                        spec.memory)
