@@ -41,7 +41,7 @@ from gclab.config import ModelConfig, TaskConfig, require_kind
 from gclab.devices import FIT_MARGIN, fits
 from gclab.geometry.graphs import graphs_for
 from gclab.measure.compiled import format_bytes, plans_for_another_card
-from gclab.memory.config import PRECISIONS, RECIPES, MemoryConfig, get_recipe
+from gclab.memory.config import PRECISIONS, RECIPES, MemoryConfig, get_recipe, parse_remat_spec
 from gclab.parallel.config import layouts, pipeline_layouts
 from gclab.sizing import analytical
 from gclab.sizing.pipeline_plan import plan_pipeline, step_extra_bytes
@@ -154,8 +154,8 @@ def _pipeline_candidates(model, task, devices, batch, rollout, precision, recipe
     for layout in pipeline_layouts(devices, model.processor_steps):
         for recipe in recipes or list(RECIPES):
             memory = recipe_memory(recipe, precision, rollout=rollout)  # as every command
-            memory = memory.replace(processor_remat="none", remat_group_size=1,
-                                    remat_ratio=1.0)
+            # Each stage's remat takes the processor remat's place (as `plan_pipeline`).
+            memory = memory.replace(**parse_remat_spec("none"))
             row = {"parallel": layout.spec, "recipe": recipe}
             if (layout.spec, memory) in seen:
                 continue

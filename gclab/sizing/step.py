@@ -63,8 +63,9 @@ from gclab.parallel.pipeline import StagesWouldHang, stage_collectives_error
 from gclab.parallel.sharding import make_mesh, use_layout
 from gclab.sizing.analytical import GraphCounts, estimate, param_count
 
-#: The processor remat fields of a `MemoryConfig`, which a label names as one remat spec.
-_REMAT_FIELDS = ("processor_remat", "remat_group_size", "remat_ratio", "remat_policy")
+#: The processor remat fields of a `MemoryConfig` (those a remat spec sets), which a label
+#: names as one remat spec.
+_REMAT_FIELDS = tuple(parse_remat_spec("none"))
 #: The fields that only edge blocks use: a label's "no edge blocks" covers them.
 _BLOCK_FIELDS = ("processor_edge_blocks", "stream_grid_nodes")
 
