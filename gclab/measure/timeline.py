@@ -68,6 +68,7 @@ import os
 import re
 import shutil
 import tempfile
+import types
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, Union
 
@@ -83,6 +84,7 @@ from gclab.measure.compiled import (
     memory_of_compiled,
     plan_only_options,
     require_plannable,
+    target_platform,
 )
 from gclab.memory.remat import STEP_SCOPE_PREFIX
 
@@ -94,6 +96,7 @@ __all__ = [
     "compile_with_timeline",
     "label_op",
     "memory_timeline",
+    "timeline_compiler_options",
     "timeline_from_dump",
 ]
 
@@ -892,9 +895,19 @@ def memory_timeline(
 # A timeline is read with XLA:CPU's default (MLIR) fusion emitters even where `XLA_FLAGS`
 # turn them off (as gclab's tests do, to compile faster): under the older elemental emitter
 # the dump of the same step lists about a thousand times as many schedule points (cpu-4x32's
-# step, `none`: 2.0 million against 2,039), too many to read or draw. The option is ignored
-# off the CPU backend.
-TIMELINE_COMPILER_OPTIONS = {"xla_cpu_use_fusion_emitters": True}
+# step, `none`: 2.0 million against 2,039), too many to read or draw. The option is XLA:CPU's
+# alone: XLA:GPU refuses a compile that names it (INVALID_ARGUMENT, "No such compile
+# option"; jax 0.11.2), so it is set only for compiles that target the CPU
+# (`timeline_compiler_options`).
+TIMELINE_COMPILER_OPTIONS = types.MappingProxyType({"xla_cpu_use_fusion_emitters": True})
+
+
+def timeline_compiler_options(platform: str) -> dict:
+    """The options a timeline's compile adds for `platform` (as `target_platform` names it):
+    `TIMELINE_COMPILER_OPTIONS` on ``cpu``, nothing elsewhere."""
+    require_kind("platform", platform, str, "a platform name such as 'cpu' or 'gpu'",
+                 caller="timeline_compiler_options")
+    return dict(TIMELINE_COMPILER_OPTIONS) if platform.lower() == "cpu" else {}
 
 
 @contextlib.contextmanager
@@ -946,7 +959,8 @@ def compile_with_timeline(
         os.makedirs(keep_dump, exist_ok=True)
     # A fresh folder per compile: XLA numbers modules per process (module_0000.* in each).
     dump_dir = tempfile.mkdtemp(prefix="gclab_xla_dump_", dir=keep_dump)
-    options = {**(compiler_options or {}), **TIMELINE_COMPILER_OPTIONS,
+    options = {**(compiler_options or {}),
+               **timeline_compiler_options(target_platform(args, kwargs)),
                "xla_dump_to": dump_dir, "xla_dump_hlo_as_text": True}
     try:
         with without_persistent_cache():  # a cached executable writes no dump

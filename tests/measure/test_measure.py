@@ -750,3 +750,36 @@ def test_plot_stage_memory_groups_bars_by_stage_and_refuses_uneven_choices():
     assert len(ax.patches) == 6 and ax.get_lines()[0].get_ydata()[0] == 5.5 * MiB
     with pytest.raises(ValueError, match="same number of stages"):
         plots.plot_stage_memory({"a": [1.0], "b": [1.0, 2.0]}, 1.0)
+
+
+@pytest.mark.parametrize("platform", ["cpu", "cuda", "rocm", "tpu"])
+def test_a_timeline_names_xla_cpu_options_only_on_the_cpu(platform, monkeypatch):
+    # XLA:GPU refuses a compile naming an XLA:CPU option ("No such compile option"), which
+    # broke every timeline the chapters drew on a GPU.
+    from gclab.measure import timeline as timeline_module
+
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def capture(fn, args, kwargs, static_argnums, donate_argnums, options):
+        seen.update(options)
+        raise Stop
+
+    monkeypatch.setattr(timeline_module, "target_platform", lambda *trees: platform)
+    monkeypatch.setattr(timeline_module, "compile_timed", capture)
+    with pytest.raises(Stop):
+        timeline_module.compile_with_timeline(jnp.sin, jax.ShapeDtypeStruct((4,), jnp.float32),
+                                              compiler_options={"xla_gpu_option": 1})
+    named = {k for k in seen if k.startswith("xla_cpu_")}
+    assert named == (set(TIMELINE_COMPILER_OPTIONS) if platform == "cpu" else set())
+    assert seen["xla_gpu_option"] == 1 and seen["xla_dump_hlo_as_text"] is True
+
+
+def test_timeline_compiler_options_refuses_a_platform_that_is_not_a_name():
+    from gclab.config import WrongType
+    from gclab.measure.timeline import timeline_compiler_options
+
+    with pytest.raises(WrongType, match="platform"):
+        timeline_compiler_options(None)
