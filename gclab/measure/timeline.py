@@ -160,6 +160,9 @@ class Timeline:
       name: a label for plots (the function's name by default).
       unrolled: whether loop bodies are repeated once per iteration (see
         `timeline_from_dump`); if not, a loop body appears once.
+      loops_note: where loops were to be repeated but were not, or were repeated but none
+        is a scan over processor steps (so no stage is numbered): why, in words ('' where
+        the steps are numbered, or loops were not to be repeated).
       peak_values: the values live at the peak, largest first: one `LiveValue` per
         buffer (aliases of one buffer counted once), so their bytes sum to `peak_bytes`.
       dump_dir: the folder the XLA dump was kept in (`memory_timeline`'s `keep_dump`),
@@ -179,6 +182,7 @@ class Timeline:
     name: str = ""
     unrolled: bool = False
     peak_values: tuple["LiveValue", ...] = ()
+    loops_note: str = ""
     dump_dir: str = ""
 
     def __len__(self) -> int:
@@ -417,6 +421,42 @@ def _loops(
         (open_loops[-1].inner if open_loops else roots).append(loop)
         open_loops.append(loop)
     return roots
+
+
+#: A stage label that numbers a step ('processor step 3', 'backward: processor step 0').
+_NUMBERED_RE = re.compile(r" step \d+$")
+
+
+def _why_not_numbered(
+    hlo_text: str,
+    sequence: Sequence[str],
+    trips: dict[str, int],
+    loops: Sequence[_Loop],
+    step_loops: dict[str, tuple[int, int, bool]],
+) -> str:
+    """Why a timeline numbers no processor step, in words ('' where it can).
+
+    The steps are numbered from the repeated bodies of the scans over processor steps;
+    each stage below names the first link of that chain the optimised program lacks, so
+    that a backend which schedules its loops differently says where it parts from XLA:CPU.
+    """
+    whiles = sum(1 for line in hlo_text.splitlines()
+                 if _WHILE_RE.search(line) and _INSTR_RE.match(line))
+    if not whiles:
+        return "the optimised program has no while loop (XLA unrolled or removed them)"
+    if not trips:
+        return f"none of its {whiles} while loops has a trip count XLA knows"
+    if not loops:
+        in_schedule = sum(1 for name in trips if name in set(sequence))
+        if not in_schedule:
+            return (f"none of its {len(trips)} while loops with a known trip count is in "
+                    "the schedule XLA dumped")
+        return (f"the bodies of its {in_schedule} scheduled while loops are not each one "
+                "contiguous run of the schedule, so they cannot be repeated")
+    if not step_loops:
+        return (f"its {len(trips)} while loops are repeated, but none is a scan over "
+                "processor steps (no op_name in a step scope ending in the loop)")
+    return "its step scans are repeated, but no point of the schedule lies in one step"
 
 
 def _unroll(
@@ -774,19 +814,21 @@ def timeline_from_dump(
     stages = _stages(sequence, op_text, callees, members, stage_rules)
     stage_of = dict(zip(sequence, stages))
     points = np.arange(len(sequence))
-    unrolled = False
+    unrolled, loops_note = False, ""
     if unroll_loops:
         trips = _trip_counts(hlo_text)
         loops = _loops(sequence, callees, members, trips)
+        step_loops = _step_loops(op_text, trips)
         if loops:
             order = _unroll(0, len(sequence), loops)
-            step_loops = _step_loops(op_text, trips)
             points = np.asarray([i for i, _ in order], dtype=np.int64)
             stages = [_step_label(stages[i], op_text.get(sequence[i], ""), tags, step_loops,
                                   numbered_loops)
                       for i, tags in order]
             live = live[points]
             unrolled = True
+        if not any(_NUMBERED_RE.search(label) for label in stages):
+            loops_note = _why_not_numbered(hlo_text, sequence, trips, loops, step_loops)
     peak_index = int(np.argmax(live)) if len(live) else 0
     if len(live) and int(live[peak_index]) > temp_bytes:
         # Bytes live are bytes of the temp allocation: more than it holds is another plan.
@@ -814,6 +856,7 @@ def timeline_from_dump(
         name=name,
         unrolled=unrolled,
         peak_values=peak_values,
+        loops_note=loops_note,
     )
 
 

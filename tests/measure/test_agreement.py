@@ -25,7 +25,8 @@ def test_compare_leaves_measures_the_worst_array_and_the_whole_vector():
     worst, norm = compare_leaves([np.array([1.0, -2.0]), np.array([[4.4]])], ref)
     assert worst == pytest.approx(0.1)  # 0.4 / max |4|
     assert norm == pytest.approx(0.4 / np.sqrt(1 + 4 + 16))
-    with pytest.raises(ValueError, match="as many gradient arrays as reference, and it has 2 against 1"):
+    with pytest.raises(ValueError, match="as many gradient arrays as reference, and it has "
+                                         "2 against 1"):
         compare_leaves(ref, ref[:1])
 
 

@@ -320,6 +320,18 @@ def test_timeline_attributes_processor_steps(memory, tmp_path):
     backward = _step_order(unrolled.stage, "backward: processor step ")
     assert backward == list(range(steps))[::-1]
     assert not any("step" in s for s in rolled.stages())
+    assert unrolled.loops_note == rolled.loops_note == ""
+    # Where a backend's program keeps no trip count, the timeline says so instead of
+    # numbering nothing in silence.
+    import glob
+
+    (hlo,) = [f for f in glob.glob(os.path.join(unrolled.dump_dir, "*after_optimizations.txt"))]
+    with open(hlo) as f:
+        text = re.sub(r'"known_trip_count":\{"n":"\d+"\},?', "", f.read())
+    blind = timeline_from_dump(unrolled.dump_dir, text, temp_bytes=unrolled.temp_bytes)
+    assert not blind.unrolled and not any("step" in s for s in blind.stages())
+    assert re.fullmatch(r"none of its \d+ while loops has a trip count XLA knows",
+                        blind.loops_note)
     # Every iteration repeats the bytes XLA planned for its loop body.
     df = unrolled.to_dataframe()
     per_step = df[df.stage.str.fullmatch(r"processor step \d")].groupby("stage").live_bytes
