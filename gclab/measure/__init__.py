@@ -23,6 +23,7 @@ from gclab.measure.compiled import (
     compile_timed,
     compiled_memory,
     format_bytes,
+    known_options,
     memory_of_compiled,
     plan_only_options,
 )
@@ -58,6 +59,7 @@ __all__ = [
     "HostMemory", "LiveValue", "PeakResult", "Timeline", "bytes_by_graph_set", "collective_bytes",
     "compile_fn",
     "compile_timed", "compile_with_timeline", "compiled_memory", "flops", "format_bytes",
+    "known_options",
     "fusion_counts", "hlo_computations", "indexed_by", "label_op", "largest_fusion", "machine",
     "measure_peak",
     "median_seconds", "memory_of_compiled", "memory_timeline", "module_of_scope",

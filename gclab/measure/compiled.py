@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import functools
 import os
 import re
 import time
@@ -28,7 +29,8 @@ from gclab.config import WrongType, a_kind, require_kind
 from gclab.limits import format_bytes
 
 __all__ = ["DEFAULT_CPU_OPTIONS", "GPU_PLATFORMS", "PLAN_ONLY_CPU_OPTIONS", "CompiledMemory",
-           "compile_fn", "compile_timed", "compiled_memory", "format_bytes",
+           "compile_fn", "compile_option_known", "compile_timed", "compiled_memory",
+           "format_bytes", "known_options",
            "memory_of_compiled", "plan_only_options", "plans_for_another_card",
            "target_platform"]
 
@@ -146,7 +148,48 @@ def plan_only_options(same_hlo: bool = False, platform: str | None = None) -> di
         return None
     options = {name: value for name, value in PLAN_ONLY_CPU_OPTIONS.items()
                if not (same_hlo and name == _HLO_OPTION) and not _flags_set(name, value)}
-    return options or None
+    return known_options(options, platform) or None
+
+
+#: What XLA answers a compile that names an option its build does not have.
+_UNKNOWN_OPTION = "No such compile option"
+
+
+@functools.lru_cache(maxsize=None)
+def compile_option_known(name: str, value: bool | int | str, platform: str) -> bool:
+    """Whether this jaxlib's XLA takes `name` (set to `value`) as a per-compile option for
+    `platform` ('cpu', 'gpu', ...), found by compiling a one-element program with it once
+    per process.
+
+    XLA's options come and go between releases (``xla_cpu_use_fusion_emitters``, which
+    jax 0.10's XLA:CPU reads, is refused by jax 0.11.2's XLA: "No such compile option"),
+    and neither JAX nor XLA lists the options a build has, so the compile is the test.
+    Any other failure of the probe is raised.
+    """
+    require_kind("name", name, str, "an XLA option name", caller="compile_option_known")
+    require_kind("platform", platform, str, "a platform name such as 'cpu' or 'gpu'",
+                 caller="compile_option_known")
+    device = jax.local_devices(backend=platform)[0]
+    arg = jax.ShapeDtypeStruct((1,), np.float32,
+                               sharding=jax.sharding.SingleDeviceSharding(device))
+    try:
+        jax.jit(_plus_one).lower(arg).compile(compiler_options={name: value})
+    except Exception as error:  # jax's JaxRuntimeError (INVALID_ARGUMENT)
+        if _UNKNOWN_OPTION in str(error):
+            return False
+        raise
+    return True
+
+
+def _plus_one(x):
+    return x + 1
+
+
+def known_options(options: Mapping[str, Any] | None, platform: str) -> dict:
+    """`options` less those this jaxlib's XLA does not have for `platform`
+    (`compile_option_known`): a compile naming one would fail."""
+    return {name: value for name, value in (options or {}).items()
+            if compile_option_known(name, value, platform)}
 
 
 def _without_xla_remat() -> dict | None:

@@ -81,6 +81,7 @@ from gclab.config import WrongType, a_kind, require_kind
 from gclab.measure.compiled import (
     compile_timed,
     format_bytes,
+    known_options,
     memory_of_compiled,
     plan_only_options,
     require_plannable,
@@ -950,7 +951,9 @@ def timeline_compiler_options(platform: str) -> dict:
     `TIMELINE_COMPILER_OPTIONS` on ``cpu``, nothing elsewhere."""
     require_kind("platform", platform, str, "a platform name such as 'cpu' or 'gpu'",
                  caller="timeline_compiler_options")
-    return dict(TIMELINE_COMPILER_OPTIONS) if platform.lower() == "cpu" else {}
+    if platform.lower() != "cpu":
+        return {}
+    return known_options(TIMELINE_COMPILER_OPTIONS, "cpu")  # an XLA without it: nothing
 
 
 @contextlib.contextmanager

@@ -795,3 +795,32 @@ def test_timeline_compiler_options_refuses_a_platform_that_is_not_a_name():
 
     with pytest.raises(WrongType, match="platform"):
         timeline_compiler_options(None)
+
+
+def test_options_an_xla_build_lacks_are_left_out(monkeypatch):
+    # jax 0.11.2's XLA refuses xla_cpu_use_fusion_emitters, which jax 0.10's reads: a plan
+    # or a timeline naming an option the build lacks would fail to compile at all.
+    import types
+
+    from gclab.measure import compiled, known_options, plan_only_options
+    from gclab.measure import timeline as timeline_module
+    from gclab.measure.compiled import compile_option_known
+
+    assert compile_option_known("xla_backend_optimization_level", 0, "cpu")
+    assert not compile_option_known("xla_cpu_gclab_option_xla_lacks", True, "cpu")
+    gone = {"xla_cpu_gclab_option_xla_lacks": True}
+    assert known_options({**gone, "xla_backend_optimization_level": 0}, "cpu") == {
+        "xla_backend_optimization_level": 0}
+    assert known_options(None, "cpu") == {}
+    monkeypatch.setenv("XLA_FLAGS", "")
+    monkeypatch.setattr(compiled, "PLAN_ONLY_CPU_OPTIONS", types.MappingProxyType(
+        {**gone, "xla_backend_optimization_level": 0}))
+    assert plan_only_options() == {"xla_backend_optimization_level": 0}
+    monkeypatch.setattr(compiled, "PLAN_ONLY_CPU_OPTIONS", types.MappingProxyType(gone))
+    assert plan_only_options() is None
+    monkeypatch.setattr(timeline_module, "TIMELINE_COMPILER_OPTIONS",
+                        types.MappingProxyType(gone))
+    assert timeline_module.timeline_compiler_options("cpu") == {}
+    # The timeline of a step still compiles (and its points are read) without it.
+    loss = jax.grad(lambda x: jnp.sin(x).sum())
+    assert memory_timeline(loss, jax.ShapeDtypeStruct((8,), jnp.float32)).peak_bytes >= 0
