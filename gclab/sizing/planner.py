@@ -48,10 +48,14 @@ _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
           "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
 #: Largest budget accepted: 1 PiB, over ten thousand times the largest card in `CARDS`.
 MAX_BUDGET = 2**50
+#: The least budget taken: no GraphCast's parameters and their training state fit in less
+#: (the smallest preset, cpu-4x32, has 70,739 parameters: 1.1 MiB of parameters, gradients
+#: and AdamW state), so a smaller figure is a unit left off ('1.5' for '1.5GB').
+MIN_BUDGET = 2**20
 BUDGET_HELP = ("a number of bytes (e.g. 1000000), a number with a unit (B, KB, MB, GB, TB "
                "for powers of 1000; KiB, MiB, GiB, TiB for powers of 1024; e.g. '16GiB', "
                "'12GB', '500MiB'), or a card (its usable memory): " + ", ".join(CARDS)
-               + "; from 1 B to 1 PiB")
+               + "; from 1 MiB to 1 PiB")
 #: Auto mode compiles only grids up to this many nodes (2 deg: 16,380; 1 deg takes tens
 #: of seconds per compile, 0.25 deg minutes).
 AUTO_COMPILE_MAX_GRID_NODES = 70_000  # up to 1 deg: a compile takes seconds
@@ -94,7 +98,7 @@ def parse_budget(budget: Union[int, float, str]) -> int:
         if m and m.group(3).upper() in _UNITS:
             value = float(m.group(1) + (f"e{m.group(2)}" if m.group(2) else ""))
             value *= _UNITS[m.group(3).upper()]
-    if value is None or not 1 <= value <= MAX_BUDGET:  # NaN and inf fail too
+    if value is None or not MIN_BUDGET <= value <= MAX_BUDGET:  # NaN and inf fail too
         raise ValueError(f"bad budget {budget!r}; accepted: {BUDGET_HELP}")
     return int(value)
 

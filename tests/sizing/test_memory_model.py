@@ -98,14 +98,15 @@ def test_param_count_published_figures():
 @pytest.mark.parametrize("text,expected", [
     ("16GiB", 16 * 2**30), ("12GB", 12 * 10**9), ("500MiB", 500 * 2**20),
     ("T4", int(0.75 * 15_835_660_288)),
-    ("h100", 60 * 10**9), ("A100-40GB", 30 * 10**9), (123456, 123456), ("2048", 2048),
-    ("1.5 GiB", int(1.5 * 2**30)),
+    ("h100", 60 * 10**9), ("A100-40GB", 30 * 10**9), (1234567, 1234567),
+    ("2097152", 2097152), ("1MiB", 2**20), ("1.5 GiB", int(1.5 * 2**30)),
 ])
 def test_parse_budget(text, expected):
     assert planner.parse_budget(text) == expected
 
 
-@pytest.mark.parametrize("bad", ["16 parsecs", "GiB", "-1GB", "", "T5", 0, True])
+@pytest.mark.parametrize("bad", ["16 parsecs", "GiB", "-1GB", "", "T5", 0, True, "1.5B",
+                                 2**20 - 1, "1000KB"])
 def test_parse_budget_rejects_bad_values(bad):
     with pytest.raises(ValueError, match="accepted"):
         planner.parse_budget(bad)
