@@ -868,6 +868,7 @@ def planned_and_measured(configs, *, plans=None, usable: Optional[int] = None,
 
     from gclab import measure
     from gclab.measure import peak as peak_status
+    from gclab.measure.compiled import plans_for_another_card
     from gclab.sizing import StepSpec, train_step_memory
 
     if not isinstance(configs, Mapping):
@@ -888,8 +889,11 @@ def planned_and_measured(configs, *, plans=None, usable: Optional[int] = None,
     for label, spec in configs.items():
         if label in plans:
             total, temp = plans[label]
-        else:
-            m = train_step_memory(spec)
+        else:  # the step's own plan, as a guarded run compiles it (`run_if_fits`): on a
+            # GPU without XLA's remat pass, which would shrink a step too large for the card
+            # towards it, so that it seemed to fit here while the chapters' grids say not
+            with plans_for_another_card(True):
+                m = train_step_memory(spec)
             total, temp = m.total_bytes, m.temp_bytes
         peak, why = None, None
         if backend == "cpu":
