@@ -3,9 +3,11 @@
 * `flops` reads XLA's cost analysis of a compiled function (`Compiled.cost_analysis()`):
   the floating-point operations of one call, as XLA counts them for the backend.
 * `fusion_counts` and `largest_fusion` read the optimised HLO text
-  (`Compiled.as_text()`): every fusion is a computation of its own (``fused_...``)
-  called from one ``fusion`` instruction, and runs as one kernel whose intermediates
-  never reach memory.
+  (`Compiled.as_text()`): every fusion is a computation of its own, named by the
+  ``calls=`` of the ``fusion`` instruction that runs it, and runs as one kernel whose
+  intermediates never reach memory. Its name is the backend's choice (``fused_...``,
+  ``wrapped_..._computation``, ``gemm_fusion_..._computation`` for XLA:GPU's Triton
+  fusions), so the computations are found through the instructions, not their names.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from typing import Any
 __all__ = ["flops", "fusion_counts", "hlo_computations", "largest_fusion"]
 
 _METADATA_RE = re.compile(r", metadata=\{.*\}")
+# The computation a fusion instruction runs: `%f = ... fusion(...), kind=..., calls=%name`.
+_FUSION_CALLS_RE = re.compile(r" fusion\(.*?\bcalls=%?([^\s,{}]+)")
 
 
 def flops(compiled: Any) -> float:
@@ -33,15 +37,22 @@ def flops(compiled: Any) -> float:
     return float((cost or {}).get("flops", float("nan")))
 
 
+def _computation_name(line: str) -> str | None:
+    """The name a computation's header line declares, or None for any other line."""
+    if not line or line.startswith(" ") or not line.rstrip().endswith("{"):
+        return None
+    words = line.split()
+    return (words[1] if words[0] == "ENTRY" else words[0]).lstrip("%")
+
+
 def hlo_computations(hlo: str) -> list[str]:
-    """Names of the computations of an HLO module's text (``ENTRY`` and ``fused_...`` too)."""
-    names = []
-    for line in hlo.splitlines():
-        if line and not line.startswith(" ") and line.rstrip().endswith("{"):
-            words = line.split()
-            name = words[1] if words[0] == "ENTRY" else words[0]
-            names.append(name.lstrip("%"))
-    return names
+    """Names of the computations of an HLO module's text (``ENTRY`` and the fusions' too)."""
+    return [name for name in map(_computation_name, hlo.splitlines()) if name is not None]
+
+
+def _fused_computations(hlo: str) -> set[str]:
+    """Names of the computations that the module's ``fusion`` instructions call."""
+    return {m.group(1) for m in map(_FUSION_CALLS_RE.search, hlo.splitlines()) if m}
 
 
 def fusion_counts(hlo: str) -> dict[str, int]:
@@ -54,10 +65,11 @@ def fusion_counts(hlo: str) -> dict[str, int]:
       ``{"lines", "computations", "fused computations", "fusion instructions"}``.
     """
     computations = hlo_computations(hlo)
+    fused = _fused_computations(hlo)
     return {
         "lines": len(hlo.splitlines()),
         "computations": len(computations),
-        "fused computations": sum(c.startswith("fused") for c in computations),
+        "fused computations": sum(c in fused for c in computations),
         "fusion instructions": sum(" fusion(" in line for line in hlo.splitlines()),
     }
 
@@ -75,8 +87,9 @@ def largest_fusion(hlo: str, max_lines: int = 18, width: int = 120) -> list[str]
     """
     # Computations are separated by blank lines, sometimes more than one: a piece may start
     # with newlines, which are not part of its header.
+    fused = _fused_computations(hlo)
     bodies = [b.lstrip("\n") for b in hlo.split("\n\n")]
-    bodies = [b for b in bodies if b.lstrip().startswith(("%fused", "fused"))]
+    bodies = [b for b in bodies if _computation_name(b.split("\n", 1)[0]) in fused]
     if not bodies:
         return []
     largest = max(bodies, key=lambda b: b.count("\n"))

@@ -77,6 +77,55 @@ def test_largest_fusion_of_an_unfused_module_is_empty():
     assert largest_fusion("HloModule m\n\nENTRY %main {\n  ROOT %p = f32[] parameter(0)\n}") == []
 
 
+# XLA:GPU's names: a Triton matmul fusion (kind=kCustom) calls a computation named
+# `gemm_fusion_..._computation`, beside a loop fusion's `fused_...`; the reduction's `%add`
+# is called by a reduce, not by a fusion.
+_GPU_STYLE_HLO = """HloModule jit_f, \
+entry_computation_layout={(f32[32,32]{1,0}, f32[32,32]{1,0})->f32[]}
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}
+
+%gemm_fusion_dot.1_computation (parameter_0: f32[32,32], parameter_1: f32[32,32]) -> f32[32,32] {
+  %parameter_0 = f32[32,32]{1,0} parameter(0)
+  %parameter_1 = f32[32,32]{1,0} parameter(1)
+  ROOT %dot.0 = f32[32,32]{1,0} dot(%parameter_0, %parameter_1), lhs_contracting_dims={1}, \
+rhs_contracting_dims={0}
+}
+
+%fused_tanh (param_0: f32[32,32]) -> f32[32,32] {
+  %param_0 = f32[32,32]{1,0} parameter(0)
+  ROOT %tanh.1 = f32[32,32]{1,0} tanh(%param_0)
+}
+
+ENTRY %main.2 (Arg_0.3: f32[32,32], Arg_1.3: f32[32,32]) -> f32[] {
+  %Arg_0.3 = f32[32,32]{1,0} parameter(0)
+  %Arg_1.3 = f32[32,32]{1,0} parameter(1)
+  %gemm_fusion_dot.1 = f32[32,32]{1,0} fusion(%Arg_0.3, %Arg_1.3), kind=kCustom, \
+calls=%gemm_fusion_dot.1_computation, \
+backend_config={"fusion_backend_config":{"kind":"__triton_gemm"}}
+  %loop_tanh_fusion = f32[32,32]{1,0} fusion(%gemm_fusion_dot.1), kind=kLoop, calls=%fused_tanh
+  %zero = f32[] constant(0)
+  ROOT %sum = f32[] reduce(%loop_tanh_fusion, %zero), dimensions={0,1}, to_apply=%add
+}
+"""
+
+
+def test_fusion_counts_follow_the_fusion_instructions_whatever_the_names():
+    """Every computation a fusion instruction calls is a fused computation, also when the
+    backend names it otherwise than `fused_...`; a reduce's computation is not one."""
+    counts = fusion_counts(_GPU_STYLE_HLO)
+    assert {k: v for k, v in counts.items() if k != "lines"} == {
+        "computations": 4, "fused computations": 2, "fusion instructions": 2}
+    # The largest fusion is the matmul's (three instructions), not the tanh's (two).
+    lines = largest_fusion(_GPU_STYLE_HLO)
+    assert lines[0].startswith("%gemm_fusion_dot.1_computation (")
+    assert " dot(" in "".join(lines) and len(lines) == 5
+
+
 def test_indexed_by_matches_the_first_axis_of_a_set_size():
     counts = {"grid_nodes": 100, "mesh_edges": 40, "mesh_nodes": 12, "grid2mesh_edges": 40}
     assert indexed_by((4, 12, 1, 32), counts) == "mesh_nodes"
