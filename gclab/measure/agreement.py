@@ -177,7 +177,11 @@ class LayoutCheck:
         self._reference: Optional[tuple] = None
 
     def _run(self, args) -> tuple[float, list]:
-        compiled = jax.jit(self._fn).lower(*args).compile(plan_only_options())
+        # Traced and compiled for the devices given (simulated CPU devices beside a GPU get
+        # XLA:CPU's options and the network's CPU choices), not for the default backend.
+        with jax.default_device(self.devices[0]):
+            lowered = jax.jit(self._fn).lower(*args)
+        compiled = lowered.compile(plan_only_options(platform=self.devices[0].platform))
         loss, grads = jax.device_get(compiled(*args))
         return float(loss), jax.tree_util.tree_leaves(grads)
 

@@ -932,7 +932,8 @@ def memory_timeline(
     return compile_with_timeline(
         fn, *args, stage_rules=stage_rules, static_argnums=static_argnums,
         donate_argnums=donate_argnums, name=name, keep_dump=keep_dump,
-        unroll_loops=unroll_loops, compiler_options=plan_only_options(), **kwargs,
+        unroll_loops=unroll_loops,
+        compiler_options=plan_only_options(platform=target_platform(args, kwargs)), **kwargs,
     )[2]
 
 

@@ -67,6 +67,11 @@ def use_layout(mesh: Mesh, layout: Union[str, ParallelConfig] = "split") -> Iter
     (`gclab.parallel.pipeline.active_pipeline`) read these, so a step must be traced inside
     this context; running a compiled step needs only the mesh.
 
+    One of this process's devices of the mesh is JAX's default device meanwhile
+    (`jax.default_device`): what the network decides by the platform it compiles for
+    (`gclab.memory.remat.scan_steps` keeps bfloat16 residuals as bits for XLA:CPU alone)
+    follows the mesh, also where it is simulated CPU devices beside a GPU.
+
     Args:
       mesh: from `make_mesh`.
       layout: the layout (`ParallelConfig`: its mesh-node rule and pipeline stages), or
@@ -75,7 +80,8 @@ def use_layout(mesh: Mesh, layout: Union[str, ParallelConfig] = "split") -> Iter
     mesh_nodes = layout if isinstance(layout, str) else layout.mesh_nodes
     token = _MESH_NODES.set(mesh_nodes)
     try:
-        with jax.set_mesh(mesh), use_pipeline(None if isinstance(layout, str) else layout):
+        with (jax.set_mesh(mesh), jax.default_device(mesh.local_devices[0]),
+              use_pipeline(None if isinstance(layout, str) else layout)):
             yield mesh
     finally:
         _MESH_NODES.reset(token)

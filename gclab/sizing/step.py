@@ -479,9 +479,12 @@ def compile_train_step(spec: StepSpec, graphs: Optional[Graphs] = None, *,
         options = None if live else plan_only_options(platform=platform)
     lines = None
     with contextlib.ExitStack() as stack:
+        # Traced with one of the target devices as JAX's default device (a CPU beside a GPU;
+        # `use_layout` sets one of the mesh's): what the step decides by platform (bfloat16
+        # scan residuals as bits, XLA:CPU only) follows the devices compiled for.
         if mesh is not None:
             stack.enter_context(use_layout(mesh, spec.parallel))
-        elif devices is not None:  # one of the given devices' backend (a CPU beside a GPU)
+        elif devices is not None:
             stack.enter_context(jax.default_device(list(devices)[0]))
         if timeline:
             compiled, seconds, lines = compile_with_timeline(
