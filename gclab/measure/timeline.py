@@ -941,9 +941,9 @@ def memory_timeline(
 # turn them off (as gclab's tests do, to compile faster): under the older elemental emitter
 # the dump of the same step lists about a thousand times as many schedule points (cpu-4x32's
 # step, `none`: 2.0 million against 2,039), too many to read or draw. The option is XLA:CPU's
-# alone: XLA:GPU refuses a compile that names it (INVALID_ARGUMENT, "No such compile
-# option"; jax 0.11.2), so it is set only for compiles that target the CPU
-# (`timeline_compiler_options`).
+# alone, and newer XLA builds no longer have it: jax 0.11.2's refuses a compile that names it
+# (INVALID_ARGUMENT, "No such compile option", on an NVIDIA H200), so it is set only for
+# compiles that target the CPU, and only where this XLA has it (`timeline_compiler_options`).
 TIMELINE_COMPILER_OPTIONS = types.MappingProxyType({"xla_cpu_use_fusion_emitters": True})
 
 
