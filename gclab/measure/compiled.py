@@ -32,7 +32,7 @@ __all__ = ["DEFAULT_CPU_OPTIONS", "GPU_PLATFORMS", "PLAN_ONLY_CPU_OPTIONS", "Com
            "compile_fn", "compile_option_known", "compile_timed", "compiled_memory",
            "format_bytes", "known_options",
            "memory_of_compiled", "plan_only_options", "plans_for_another_card",
-           "target_platform"]
+           "target_device", "target_platform"]
 
 
 #: XLA:CPU options of a compile that is read, never run (`plan_only_options`).
@@ -86,18 +86,27 @@ def plans_for_another_card(another: bool = True):
         _ANOTHER_CARD.reset(token)
 
 
-def target_platform(*trees: Any) -> str:
-    """The platform a jit of these arguments compiles for: that of the first leaf placed on
-    (or, as a `jax.ShapeDtypeStruct`, sharded over) devices, else of JAX's default device
-    (`jax.default_device`), else the default backend."""
+def target_device(*trees: Any) -> Any:
+    """A device the first leaf placed on (or, as a `jax.ShapeDtypeStruct`, sharded over)
+    devices is on; None where no leaf is placed."""
     for leaf in jax.tree_util.tree_leaves(trees):
         sharding = getattr(leaf, "sharding", None)
         if sharding is None or not getattr(leaf, "committed", True):
             continue
         try:
-            return next(iter(sharding.device_set)).platform
+            return next(iter(sharding.device_set))
         except (AttributeError, StopIteration):  # a sharding without devices
             continue
+    return None
+
+
+def target_platform(*trees: Any) -> str:
+    """The platform a jit of these arguments compiles for: that of the first leaf placed on
+    (or, as a `jax.ShapeDtypeStruct`, sharded over) devices (`target_device`), else of JAX's
+    default device (`jax.default_device`), else the default backend."""
+    device = target_device(*trees)
+    if device is not None:
+        return device.platform
     default = jax.config.jax_default_device
     if default is not None:
         return default if isinstance(default, str) else default.platform

@@ -85,6 +85,7 @@ from gclab.measure.compiled import (
     memory_of_compiled,
     plan_only_options,
     require_plannable,
+    target_device,
     target_platform,
 )
 from gclab.memory.remat import STEP_SCOPE_PREFIX
@@ -1009,8 +1010,13 @@ def compile_with_timeline(
     options = {**(compiler_options or {}),
                **timeline_compiler_options(target_platform(args, kwargs)),
                "xla_dump_to": dump_dir, "xla_dump_hlo_as_text": True}
+    # Traced with the arguments' device as JAX's default one, as `compile_train_step` traces
+    # for the devices given: what the network decides by the platform it compiles for
+    # (bfloat16 scan residuals as bits, XLA:CPU only) follows CPU arrays beside a GPU.
+    device = target_device(args, kwargs)
     try:
-        with without_persistent_cache():  # a cached executable writes no dump
+        with (without_persistent_cache(),  # a cached executable writes no dump
+              jax.default_device(device) if device is not None else contextlib.nullcontext()):
             compiled, seconds = compile_timed(
                 fn, args, kwargs, static_argnums, donate_argnums, options
             )

@@ -148,3 +148,12 @@ def test_a_step_traced_on_a_layout_follows_its_mesh(gpu_default, bits):
     with use_layout(make_mesh(ParallelConfig(), jax.devices("cpu")), "replicated"):
         jax.jit(_loss).trace(w, x)
     assert len(bits) == 1
+
+
+def test_a_timeline_of_cpu_arrays_is_traced_for_the_cpu(gpu_default, bits):
+    """`memory_timeline` of arrays on a CPU device beside a GPU: the program is XLA:CPU's, so
+    its bfloat16 residuals are kept as bits, as in a plan of the same step."""
+    cpu = jax.devices("cpu")[0]
+    w, x = jax.device_put((np.full((2, 4), 0.5, np.float32), np.ones(4, jnp.bfloat16)), cpu)
+    assert timeline.memory_timeline(jax.grad(_loss), w, x).peak_bytes > 0
+    assert bits
