@@ -47,6 +47,8 @@ ROOT = Path(__file__).resolve().parent.parent
 PROG = "book_device.py"
 #: Seconds a chapter must have left to be started at all: less is spent starting a kernel.
 MIN_SECONDS = 45
+#: The longest deadline taken: a day.
+MAX_SECONDS = 86400
 #: pytest's line for a failed notebook: ``FAILED book/x.ipynb::x.ipynb - Error: message``.
 FAILED_LINE = re.compile(r"^FAILED \S+ - (.+)$", re.M)
 #: Colour codes in a kernel's traceback.
@@ -102,21 +104,57 @@ def outcome(returncode: Optional[int], output: str) -> dict:
             "error": found[-1].strip() if found else f"pytest exit status {returncode}"}
 
 
+def descendants(pid: int) -> list[int]:
+    """Every process below `pid`, children first, from ``/proc`` (Linux). A kernel runs in a
+    process session of its own (jupyter_client starts it so), and what it starts (a
+    measuring process, say) in its own, so no one process group holds them all.
+    (psutil's `Process.children(recursive=True)` does this, but gclab does not depend on
+    psutil, and ``/proc`` is all the device machines need.)"""
+    parents: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:  # the field after the command's closing parenthesis: state, then ppid
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):  # ended meanwhile
+            continue
+        parents.setdefault(int(fields[1]), []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def stop(child: subprocess.Popen) -> None:
+    """Kills `child` and every process below it."""
+    for pid in [*descendants(child.pid), child.pid]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def run_chapter(path: Path, seconds: float, env: dict) -> tuple[Optional[int], str]:
     """Runs one notebook through nbmake for at most `seconds`; (exit status or None where
-    the time ran out, its output)."""
+    the time ran out, its output). Whatever way this returns or is interrupted, nothing the
+    chapter started is left running (on a GPU it would hold the card)."""
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p",
-               "no:randomly", "-o", "addopts=", "--nbmake", f"--nbmake-timeout={int(seconds)}",
-               "--overwrite", str(path)]
+               "no:randomly", "-o", "addopts=", "--nbmake",
+               f"--nbmake-timeout={max(1, int(seconds))}", "--overwrite", str(path)]
     child = subprocess.Popen(command, cwd=path.parent, env=env, stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         output, _ = child.communicate(timeout=seconds)
         return child.returncode, output
     except subprocess.TimeoutExpired:
-        os.killpg(child.pid, signal.SIGKILL)  # pytest, its kernel and what the kernel started
+        stop(child)
         output, _ = child.communicate()
         return None, output
+    finally:
+        if child.poll() is None or descendants(child.pid):  # interrupted: stop them all
+            stop(child)
 
 
 def hardware() -> dict:
@@ -158,9 +196,12 @@ def main(argv: Optional[list] = None) -> int:
     if args.list:
         print("\n".join(order))
         return 0
-    if not args.deadline > MIN_SECONDS:  # NaN too
-        return fail(f"--deadline {args.deadline:g}: a number of seconds above {MIN_SECONDS}, "
-                    "the least a chapter is started with")
+    if not MIN_SECONDS < args.deadline <= MAX_SECONDS:  # NaN and inf too
+        return fail(f"--deadline {args.deadline:g}: a number of seconds above {MIN_SECONDS} "
+                    f"(the least a chapter is started with) and at most {MAX_SECONDS}")
+    if args.out is not None and args.out.is_dir():
+        return fail(f"--out {args.out}: a folder; give the record's file path, such as "
+                    f"{args.out / 'book.json'}")
 
     env = child_env(XLA_PYTHON_CLIENT_PREALLOCATE="false")
     os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"  # this process's JAX too
@@ -187,6 +228,8 @@ def main(argv: Optional[list] = None) -> int:
     def save() -> None:
         write_text_atomic(out, json.dumps({**head, "chapters": rows}, indent=1))
 
+    # A lease that ends sends SIGTERM: leave through `run_chapter`'s cleanup, not around it.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="gclab_book_") as scratch:
         folder = args.book if args.keep_outputs else Path(shutil.copytree(

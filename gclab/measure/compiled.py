@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import contextvars
 import dataclasses
@@ -164,7 +165,6 @@ def plan_only_options(same_hlo: bool = False, platform: str | None = None) -> di
 _UNKNOWN_OPTION = "No such compile option"
 
 
-@functools.lru_cache(maxsize=None)
 def compile_option_known(name: str, value: bool | int | str, platform: str) -> bool:
     """Whether this jaxlib's XLA takes `name` (set to `value`) as a per-compile option for
     `platform` ('cpu', 'gpu', ...), found by compiling a one-element program with it once
@@ -176,9 +176,28 @@ def compile_option_known(name: str, value: bool | int | str, platform: str) -> b
     Any other failure of the probe is raised.
     """
     require_kind("name", name, str, "an XLA option name", caller="compile_option_known")
+    require_kind("value", value, (bool, int, float, str), "a bool, number or str",
+                 caller="compile_option_known")
     require_kind("platform", platform, str, "a platform name such as 'cpu' or 'gpu'",
                  caller="compile_option_known")
-    device = jax.local_devices(backend=platform)[0]
+    return _option_known(name, value, platform)
+
+
+@functools.lru_cache(maxsize=None)
+def _option_known(name: str, value: bool | int | float | str, platform: str) -> bool:
+    try:
+        device = jax.local_devices(backend=platform)[0]
+    except RuntimeError:  # JAX: "Unknown backend ..." / "Backend ... failed to initialize"
+        raise ValueError(f"compile_option_known platform={platform!r} is invalid: this "
+                         f"process has no such backend (it has {jax.default_backend()!r})"
+                         ) from None
+    # In a thread of its own: a mesh the caller set (`jax.set_mesh`, `use_layout`) is the
+    # caller thread's context, and a one-device program compiled inside it is refused.
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(_probe, name, value, device).result()
+
+
+def _probe(name: str, value: Any, device: Any) -> bool:
     arg = jax.ShapeDtypeStruct((1,), np.float32,
                                sharding=jax.sharding.SingleDeviceSharding(device))
     try:

@@ -442,10 +442,12 @@ def _why_not_numbered(
     each stage below names the first link of that chain the optimised program lacks, so
     that a backend which schedules its loops differently says where it parts from XLA:CPU.
     """
+    if STEP_SCOPE_PREFIX not in hlo_text:
+        return "no instruction of the optimised program is in a processor step's scope"
     whiles = sum(1 for line in hlo_text.splitlines()
                  if _WHILE_RE.search(line) and _INSTR_RE.match(line))
     if not whiles:
-        return "the optimised program has no while loop (XLA unrolled or removed them)"
+        return "the optimised program has no while loop"
     if not trips:
         return f"none of its {whiles} while loops has a trip count XLA knows"
     if not loops:

@@ -48,9 +48,9 @@ _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
           "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
 #: Largest budget accepted: 1 PiB, over ten thousand times the largest card in `CARDS`.
 MAX_BUDGET = 2**50
-#: The least budget taken: no GraphCast's parameters and their training state fit in less
-#: (the smallest preset, cpu-4x32, has 70,739 parameters: 1.1 MiB of parameters, gradients
-#: and AdamW state), so a smaller figure is a unit left off ('1.5' for '1.5GB').
+#: The least budget taken: a smaller figure is far more often a unit left off ('1.5' for
+#: '1.5GB') than memory one means to plan for; the smallest preset, cpu-4x32, needs 1.1 MiB
+#: for its 70,739 parameters, gradients and AdamW state alone.
 MIN_BUDGET = 2**20
 BUDGET_HELP = ("a number of bytes (e.g. 1000000), a number with a unit (B, KB, MB, GB, TB "
                "for powers of 1000; KiB, MiB, GiB, TiB for powers of 1024; e.g. '16GiB', "

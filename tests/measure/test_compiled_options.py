@@ -169,3 +169,41 @@ def test_a_layout_plan_on_a_host_of_gpus_leaves_xla_remat_out_for_another_card(
 
     assert plan_layout(budget, PLAN_MODEL, TASK, 1, recipes=["none"]).per_device_bytes == 1
     assert layout_compiles and all(o == options for o in layout_compiles), layout_compiles
+
+
+def test_a_timeline_of_a_layout_probes_its_options_outside_the_layout():
+    """The probe of an XLA option compiles a one-device program; inside a layout's mesh
+    (two devices here) JAX refuses one, so it runs outside the caller's mesh."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent("""
+        from gclab.parallel.processes import use_cpu_devices
+        use_cpu_devices(2)
+        import jax
+        from gclab.config import ModelConfig, TaskConfig
+        from gclab.measure.compiled import compile_option_known
+        from gclab.parallel.config import ParallelConfig, parse_parallel_spec
+        from gclab.parallel.sharding import make_mesh, use_layout
+        from gclab.sizing import StepSpec, train_step_timeline
+        with use_layout(make_mesh(ParallelConfig(data=2), jax.devices()), "replicated"):
+            print(compile_option_known("xla_backend_optimization_level", 1, "cpu"))
+        model = ModelConfig(resolution=4.0, mesh_splits=3, latent_size=16, processor_steps=2)
+        spec = StepSpec(model, TaskConfig.from_levels(13), batch=2,
+                        parallel=parse_parallel_spec("data:2"))
+        print(train_step_timeline(spec).peak_bytes > 0)
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split()[-2:] == ["True", "True"]
+
+
+def test_compile_option_known_refuses_what_it_cannot_probe():
+    with pytest.raises(WrongType, match=r"compile_option_known value=\[1\] is invalid: a bool, "
+                       "number or str, not a list"):
+        mc.compile_option_known("xla_backend_optimization_level", [1], "cpu")
+    with pytest.raises(ValueError, match="compile_option_known platform='no-such' is invalid: "
+                       "this process has no such backend"):
+        mc.compile_option_known("xla_backend_optimization_level", 1, "no-such")
