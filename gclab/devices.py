@@ -182,6 +182,18 @@ def device_bytes_limit(device: Any) -> Optional[int]:
     return int(limit) if limit else None
 
 
+def default_platform() -> str:
+    """The platform a program compiles for where its arguments are placed on no device: that
+    of JAX's default device (`jax.default_device`, which code compiling for given devices
+    sets while it traces), else the default backend."""
+    import jax
+
+    default = jax.config.jax_default_device
+    if default is not None:
+        return default if isinstance(default, str) else default.platform
+    return jax.default_backend()
+
+
 def usable_bytes(device: Any = None, *, card_name: Optional[str] = None) -> Optional[int]:
     """Memory a program may use: a present device's allocator limit, or a named card's.
 

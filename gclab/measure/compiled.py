@@ -26,6 +26,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from gclab import devices
 from gclab.config import WrongType, a_kind, require_kind
 from gclab.limits import format_bytes
 
@@ -106,12 +107,7 @@ def target_platform(*trees: Any) -> str:
     (or, as a `jax.ShapeDtypeStruct`, sharded over) devices (`target_device`), else of JAX's
     default device (`jax.default_device`), else the default backend."""
     device = target_device(*trees)
-    if device is not None:
-        return device.platform
-    default = jax.config.jax_default_device
-    if default is not None:
-        return default if isinstance(default, str) else default.platform
-    return jax.default_backend()
+    return device.platform if device is not None else devices.default_platform()
 
 
 def plan_only_options(same_hlo: bool = False, platform: str | None = None) -> dict | None:

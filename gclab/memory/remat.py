@@ -19,6 +19,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
+from gclab.devices import default_platform
 from gclab.memory.config import REMAT_POLICIES, MemoryConfig
 from gclab.memory.precision import residuals_as_bits
 
@@ -59,21 +60,6 @@ def step_scope(offset: int, stride: int = 1) -> str:
     return f"{STEP_SCOPE_PREFIX}{offset}_{stride}"
 
 
-def _compiles_for_cpu() -> bool:
-    """Whether the program being traced compiles for XLA:CPU: the platform of JAX's default
-    device (`jax.default_device`, which compiles for given devices set while tracing), else
-    the default backend.
-
-    A machine with a GPU plans layouts on its simulated CPU devices while its default backend
-    is the GPU: the compile target, not the default backend, decides. (The carry's leaves are
-    tracers here, placed on no device, so the default device is what names the target.)
-    """
-    default = jax.config.jax_default_device
-    if default is None:
-        return jax.default_backend() == "cpu"
-    return (default if isinstance(default, str) else default.platform).lower() == "cpu"
-
-
 def scan_steps(step: Callable, carry: Any, stacked: Any, mem: MemoryConfig):
     """Runs S stacked steps as scans, with the processor remat of `mem`.
 
@@ -102,7 +88,10 @@ def scan_steps(step: Callable, carry: Any, stacked: Any, mem: MemoryConfig):
         # relative to an enclosing step loop), for the timeline's step labels.
         # XLA:CPU alone widens a bfloat16 slice's whole operand (see `residuals_as_bits`);
         # XLA:GPU and XLA:TPU slice bfloat16 natively, so there the body is left as it is.
-        if (_compiles_for_cpu()
+        # The platform compiled for, not the machine's default backend: a machine with a GPU
+        # plans layouts on its simulated CPU devices. (The carry's leaves are tracers, placed
+        # on no device, so JAX's default device is what names the target.)
+        if (default_platform().lower() == "cpu"
                 and any(a.dtype == jnp.bfloat16 for a in jax.tree_util.tree_leaves(carry))):
             body = residuals_as_bits(body)
         with jax.named_scope(step_scope(offset, stride)):
