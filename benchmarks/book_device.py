@@ -41,7 +41,7 @@ from typing import Optional
 
 import yaml
 from children import child_env
-from record_gpu import commit, set_aside
+from record_gpu import hardware, set_aside
 
 ROOT = Path(__file__).resolve().parent.parent
 PROG = "book_device.py"
@@ -155,17 +155,6 @@ def run_chapter(path: Path, seconds: float, env: dict) -> tuple[Optional[int], s
     finally:
         if child.poll() is None or descendants(child.pid):  # interrupted: stop them all
             stop(child)
-
-
-def hardware() -> dict:
-    import jax
-
-    from gclab.devices import usable_bytes
-
-    device = jax.devices()[0]
-    return {"backend": jax.default_backend(), "device": device.device_kind,
-            "device_count": jax.device_count(), "usable_bytes": usable_bytes(device),
-            "jax": jax.__version__, "commit": commit()}
 
 
 def main(argv: Optional[list] = None) -> int:

@@ -57,7 +57,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(ROOT / ".cache" / "jax"))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
-TEST_XLA_FLAGS = ("--xla_backend_optimization_level=0", "--xla_cpu_use_fusion_emitters=false",
+
+def _jaxlib_before(major: int, minor: int) -> bool:
+    """Whether the installed jaxlib is older than `major.minor` (read from its metadata:
+    JAX must not start before the flags below are set)."""
+    from importlib.metadata import version
+
+    return tuple(int(p) for p in version("jaxlib").split(".")[:2]) < (major, minor)
+
+
+# XLA refuses to start on a flag it does not know: jaxlib 0.11's XLA has no choice of
+# XLA:CPU fusion emitter (`gclab.measure.compiled.known_options` drops it there too).
+TEST_XLA_FLAGS = ("--xla_backend_optimization_level=0",
+                  *(("--xla_cpu_use_fusion_emitters=false",) if _jaxlib_before(0, 11) else ()),
                   "--xla_cpu_parallel_codegen_split_count=1")
 # The caller's flags, then the tests' own (inherited by xdist workers, subprocesses and the
 # chapters' kernels, which then add nothing twice).

@@ -78,6 +78,7 @@ import pandas as pd
 from jax.experimental.compilation_cache.compilation_cache import reset_cache
 
 from gclab.config import WrongType, a_kind, require_kind
+from gclab.devices import default_platform
 from gclab.measure.compiled import (
     compile_timed,
     format_bytes,
@@ -1009,13 +1010,13 @@ def compile_with_timeline(
         os.makedirs(keep_dump, exist_ok=True)
     # A fresh folder per compile: XLA numbers modules per process (module_0000.* in each).
     dump_dir = tempfile.mkdtemp(prefix="gclab_xla_dump_", dir=keep_dump)
-    options = {**(compiler_options or {}),
-               **timeline_compiler_options(target_platform(args, kwargs)),
-               "xla_dump_to": dump_dir, "xla_dump_hlo_as_text": True}
     # Traced with the arguments' device as JAX's default one, as `compile_train_step` traces
     # for the devices given: what the network decides by the platform it compiles for
     # (bfloat16 scan residuals as bits, XLA:CPU only) follows CPU arrays beside a GPU.
     device = target_device(args, kwargs)
+    platform = device.platform if device is not None else default_platform()
+    options = {**(compiler_options or {}), **timeline_compiler_options(platform),
+               "xla_dump_to": dump_dir, "xla_dump_hlo_as_text": True}
     try:
         with (without_persistent_cache(),  # a cached executable writes no dump
               jax.default_device(device) if device is not None else contextlib.nullcontext()):
