@@ -3,11 +3,11 @@
 Runs ``python -m pytest`` here as CI does on a fresh clone (pyproject.toml's options: the
 chapters through nbmake and the tests, on two xdist workers), from an empty JAX compilation
 cache, and lists every test file and chapter with the seconds pytest gave its items
-(``--durations=0``) and what JAX reports of them in every process that worked for them:
-the xdist workers, the chapters' kernels and the processes tests start. Each such process
-counts JAX's own monitoring events (`jax.monitoring`: seconds of backend compiles, of
-tracing and lowering, compile seconds the cache saved) under the test that was running
-(``PYTEST_CURRENT_TEST``, which a test's child processes inherit).
+(``--durations=0 --durations-min=0``) and what JAX reports of them in every process that
+worked for them: the xdist workers, the chapters' kernels and the processes tests start.
+Each such process counts JAX's own monitoring events (`jax.monitoring`: seconds of backend
+compiles, of tracing and lowering, compile seconds the cache saved) under the test that was
+running (``PYTEST_CURRENT_TEST``, which a test's child processes inherit).
 
 pytest has no hook in processes it does not run (a kernel, ``python -m gclab``), so the
 events are counted by a ``sitecustomize`` module that this script writes to a temporary
@@ -108,7 +108,7 @@ def file_of(test_id: str) -> str:
 
 def durations(output: str) -> tuple[dict, dict]:
     """Per file, the seconds of its items' phases and how many items it has, from the
-    ``--durations=0`` lines of pytest's output."""
+    ``--durations`` lines of pytest's output."""
     seconds, items = collections.Counter(), collections.defaultdict(set)
     for line in output.splitlines():
         m = DURATION.match(line.strip())
@@ -167,7 +167,8 @@ def main(argv: list[str] | None = None) -> int:
                    JAX_COMPILATION_CACHE_DIR=str(Path(work, "jax-cache")),
                    PYTHONPATH=os.pathsep.join(
                        p for p in (str(site), os.environ.get("PYTHONPATH")) if p))
-        command = [sys.executable, "-m", "pytest", "--durations=0"]
+        # Every item's phases, however short (pytest hides those under 5 ms by default).
+        command = [sys.executable, "-m", "pytest", "--durations=0", "--durations-min=0"]
         start = time.perf_counter()
         run = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True)
         wall = time.perf_counter() - start
@@ -188,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
     hw = hardware()
     record = {
         "benchmark": "the README's test command, JAX events counted per test file and chapter",
-        "command": "python -m pytest --durations=0 (pyproject.toml's options)",
+        "command": "python -m pytest --durations=0 --durations-min=0 (pyproject.toml's options)",
         "commit": commit(), "hardware": hw, "date": hw.get("date"),
         "cache": "JAX compilation cache empty at the start, shared by every process",
         "xla_flags": "the tests' (tests/conftest.py), inherited by every process",
