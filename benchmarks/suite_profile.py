@@ -200,6 +200,9 @@ def main(argv: list[str] | None = None) -> int:
         "processes_with_jax": dict(collections.Counter(map(kind, started)).most_common()),
         "files": rows[:int(args.top)],
     }
+    failed = [line for line in output.splitlines() if line.startswith(("FAILED ", "ERROR "))]
+    if failed:  # pytest's short summary: which items failed (the record says how many)
+        print("\n".join(failed), file=sys.stderr)
     path = write_record("suite-profile", record)
     print(f"wrote {path.relative_to(ROOT)}: {summary}; items {record['item_seconds']} s, "
           f"compiles {totals['compile_seconds']} s, tracing and lowering "

@@ -12,6 +12,7 @@ example from `benchmarks/results/plan-example-cpu.json` (`plan_example.py`: the 
 table from `benchmarks/results/parallel-memory-cpu-*.json` (written by `parallel_memory.py`),
 the cluster plans from `benchmarks/results/cluster-plans-cpu.json` (`cluster_plans.py`),
 the chapters' profiles from `benchmarks/results/chapter-profile-cpu*.json` (`chapter_profile.py`),
+the test command's profile from `benchmarks/results/suite-profile-cpu.json` (`suite_profile.py`),
 the chapters' runs on a card from `gclab/recordings/gpu-*.json` (`record_gpu.py`, shipped with
 gclab so that the chapters read them).
 `tests/test_readme.py` checks that the README matches them.
@@ -259,6 +260,29 @@ def profile_block() -> str:
                       f"{hw['versions'].split(',')[0]}):", "", *lines])
 
 
+def suite_block(shown: int = 8) -> str:
+    """The test command's profile (`suite_profile.py`): its totals and its longest files."""
+    record = json.loads((RESULTS / "suite-profile-cpu.json").read_text())
+    hw = record["hardware"]
+    processes = sum(record["processes_with_jax"].values())
+    lines = [f"From an empty compilation cache ({hw['cpu cores']}-core {hw['backend']}, "
+             f"{hw['versions'].split(',')[0]}, {record['date']}, commit {record['commit']}; "
+             f"{record['pytest_summary']}): {record['wall_seconds'] / 60:.1f} minutes, in "
+             f"which the items took {record['item_seconds']:.0f} s of the two workers' time, "
+             f"and the {processes} processes that started JAX spent "
+             f"{record['compile_seconds']:.0f} s in XLA compiles and "
+             f"{record['trace_and_lower_seconds']:.0f} s tracing and lowering. The {shown} "
+             "files and chapters that took longest (processes: those "
+             "in which JAX traced or compiled for them):", "",
+             "| file or chapter | items | seconds | compiles | tracing and lowering | "
+             "processes |", "|---|---:|---:|---:|---:|---:|"]
+    for row in record["files"][:shown]:
+        lines.append(f"| `{row['file']}` | {row['items']} | {row['seconds']:.0f} | "
+                     f"{row['compile_seconds']:.0f} | {row['trace_and_lower_seconds']:.0f} | "
+                     f"{row['processes']} |")
+    return "\n".join(lines)
+
+
 def parallel_block() -> str:
     records = [json.loads((RESULTS / f"parallel-memory-cpu-{name}.json").read_text())
                for name in ("1deg", "025deg")]
@@ -334,7 +358,7 @@ BLOCKS = {"official-claim": official_block, "memory-table": memory_block,
           "memory-gpu": memory_gpu_block, "gpu-chapters": gpu_chapters_block,
           "plan-example": plan_block, "book-build": book_block,
           "ci-run": ci_block, "parallel-table": parallel_block, "cluster-plans": cluster_block,
-          "chapter-profiles": profile_block}
+          "chapter-profiles": profile_block, "suite-profile": suite_block}
 
 
 def render(readme: str) -> str:

@@ -58,6 +58,7 @@ ROOT = Path(__file__).resolve().parents[1]
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(ROOT / ".cache" / "jax"))
 os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 
+
 def _jaxlib_before(major: int, minor: int) -> bool:
     """Whether the installed jaxlib is older than `major.minor` (read from its metadata:
     JAX must not start before the flags below are set)."""
