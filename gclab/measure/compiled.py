@@ -106,7 +106,13 @@ def target_platform(*trees: Any) -> str:
     """The platform a jit of these arguments compiles for: that of the first leaf placed on
     (or, as a `jax.ShapeDtypeStruct`, sharded over) devices (`target_device`), else of JAX's
     default device (`jax.default_device`), else the default backend."""
-    device = target_device(*trees)
+    return platform_of(target_device(*trees))
+
+
+def platform_of(device: Any) -> str:
+    """The platform a program on `device` compiles for; for None (a program placed on no
+    device), that of JAX's default device, else the default backend
+    (`gclab.devices.default_platform`)."""
     return device.platform if device is not None else devices.default_platform()
 
 

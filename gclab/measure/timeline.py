@@ -78,13 +78,13 @@ import pandas as pd
 from jax.experimental.compilation_cache.compilation_cache import reset_cache
 
 from gclab.config import WrongType, a_kind, require_kind
-from gclab.devices import default_platform
 from gclab.measure.compiled import (
     compile_timed,
     format_bytes,
     known_options,
     memory_of_compiled,
     plan_only_options,
+    platform_of,
     require_plannable,
     target_device,
     target_platform,
@@ -1014,8 +1014,7 @@ def compile_with_timeline(
     # for the devices given: what the network decides by the platform it compiles for
     # (bfloat16 scan residuals as bits, XLA:CPU only) follows CPU arrays beside a GPU.
     device = target_device(args, kwargs)
-    platform = device.platform if device is not None else default_platform()
-    options = {**(compiler_options or {}), **timeline_compiler_options(platform),
+    options = {**(compiler_options or {}), **timeline_compiler_options(platform_of(device)),
                "xla_dump_to": dump_dir, "xla_dump_hlo_as_text": True}
     try:
         with (without_persistent_cache(),  # a cached executable writes no dump

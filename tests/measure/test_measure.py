@@ -779,7 +779,7 @@ def test_a_timeline_names_xla_cpu_options_only_on_the_cpu(platform, monkeypatch)
         seen.update(options)
         raise Stop
 
-    monkeypatch.setattr(timeline_module, "default_platform", lambda: platform)  # unplaced
+    monkeypatch.setattr(timeline_module, "platform_of", lambda device: platform)
     monkeypatch.setattr(timeline_module, "compile_timed", capture)
     with pytest.raises(Stop):
         timeline_module.compile_with_timeline(jnp.sin, jax.ShapeDtypeStruct((4,), jnp.float32),
