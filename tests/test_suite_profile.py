@@ -1,6 +1,5 @@
 """`benchmarks/suite_profile.py`: every process counts JAX's events under the running test."""
 
-import importlib.util
 import os
 import subprocess
 import sys
@@ -9,17 +8,15 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-SCRIPT = ROOT / "benchmarks" / "suite_profile.py"
 RESULTS = ROOT / "benchmarks" / "results"
 
 
-@pytest.fixture(scope="module")
-def suite_profile():
-    """The script as a module: importing it starts neither JAX nor pytest."""
-    spec = importlib.util.spec_from_file_location("suite_profile", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+@pytest.fixture
+def suite_profile(benchmarks):
+    """The script as a module (importing it starts neither JAX nor pytest)."""
+    import suite_profile
+
+    return suite_profile
 
 
 def _child(site: Path, folder: Path, code: str, test: str, theirs: Path | None = None):
