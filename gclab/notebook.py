@@ -1082,8 +1082,11 @@ def time_table(samples: Mapping[str, Sequence[float]]):
 
 #: A timed step at least this long counts its first call (`guarded_grid`): measured on two
 #: cores, the first call of a compiled training step took about 0.1 to 0.4 s longer than the
-#: next (0.28 against 0.09 s for 4 x 32 at 4 deg; 7.99 against 7.60 and 8.19 s for 16 x 512).
-LONG_STEP_SECONDS = 10.0
+#: next (0.28 against 0.09 s for 4 x 32 at 4 deg; 7.99 against 7.60 and 8.19 s for 16 x 512;
+#: another day 7.59 against 7.29 and 7.79 s, and 3.66 against 3.31 and 3.36 s for 4 x 512),
+#: so from 5 s on it is within the spread of the later calls, and chapter 6 does not run its
+#: widest cells once more only to throw the time away.
+LONG_STEP_SECONDS = 5.0
 
 
 def guarded_grid(configs: Sequence[LiveConfig], *, usable: Optional[int] = None,
