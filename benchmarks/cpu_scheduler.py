@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timed", default="none,lean",
                         help="recipes also compiled to run and timed, in each precision "
                              "(empty: none)")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--out", type=Path, default=OUTPUTS[0],
                         help=f"the record (default benchmarks/results/{NAME}.json, copied "
                              "into gclab/recordings)")
