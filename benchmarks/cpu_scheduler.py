@@ -7,8 +7,9 @@ The option is read when JAX's CPU client starts (given per compile, in the compi
 it leaves the plan as it was), so each setting runs in a fresh process with it in
 ``XLA_FLAGS``, JAX's compilation cache off. For every recipe and precision, one training
 step of the preset is compiled from shapes as a plan is (`gclab.measure.plan_only_options`);
-with ``--timed``, those recipes are also compiled to run (XLA's default options) and timed
-(the median of ``--repeats`` steps after one untimed). Writes
+with ``--timed``, those recipes are also compiled to run (XLA's default options) and timed:
+the median of ``--repeats`` steps after one untimed in each process, and the median of
+``--rounds`` such processes per setting, the settings alternating. Writes
 ``benchmarks/results/cpu-scheduler-cpu.json`` and the copy the appendix reads,
 ``gclab/recordings/cpu-scheduler-cpu.json``.
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -98,7 +100,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timed", default="none,lean",
                         help="recipes also compiled to run and timed, in each precision "
                              "(empty: none)")
-    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--repeats", type=int, default=7, help="timed steps per process")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="processes per setting for the timed recipes, alternating")
     parser.add_argument("--out", type=Path, default=OUTPUTS[0],
                         help=f"the record (default benchmarks/results/{NAME}.json, copied "
                              "into gclab/recordings)")
@@ -107,25 +111,38 @@ def main(argv: list[str] | None = None) -> int:
     recipes = _names(parser, "--recipes", args.recipes, RECIPES)
     precisions = _names(parser, "--precisions", args.precisions, PRECISIONS)
     timed = _names(parser, "--timed", args.timed, recipes, empty=True)
-    if args.repeats < 1:
-        parser.error(f"--repeats {args.repeats} is invalid: an integer >= 1")
+    for option, value in (("--repeats", args.repeats), ("--rounds", args.rounds)):
+        if value < 1:
+            parser.error(f"{option} {value} is invalid: an integer >= 1")
 
     from gclab.measure import machine
 
     hardware = machine()
-    rows = []
-    for setting in SETTINGS:
-        for row in run(setting, args.preset, recipes, precisions, timed, args.repeats):
-            rows.append({"scheduler": setting, **row})
-            took = f"  step {row['step_seconds']:.3f} s" if "step_seconds" in row else ""
-            print(f"{setting:22s} {row['precision']:4s} {row['recipe']:9s} temp "
-                  f"{row['temp_bytes'] / 2**20:9.2f} MiB  compile "
-                  f"{row['compile_seconds']:5.1f} s{took}", flush=True)
+    rows, times = [], {}
+    # Round 1 plans every step and times `timed`; later rounds time `timed` again, the
+    # settings alternating, so that a slow spell of a shared machine hits both.
+    for round_ in range(args.rounds if timed else 1):
+        for setting in SETTINGS:
+            for row in run(setting, args.preset, timed if round_ else recipes, precisions,
+                           timed, args.repeats):
+                key = setting, row["precision"], row["recipe"]
+                if "step_seconds" in row:
+                    times.setdefault(key, []).append(round(row["step_seconds"], 4))
+                if not round_:
+                    rows.append({"scheduler": setting, **row})
+                took = f"  step {row['step_seconds']:.3f} s" if "step_seconds" in row else ""
+                print(f"{round_ + 1} {setting:22s} {row['precision']:4s} {row['recipe']:9s} "
+                      f"temp {row['temp_bytes'] / 2**20:9.2f} MiB  compile "
+                      f"{row['compile_seconds']:5.1f} s{took}", flush=True)
+    for row in rows:  # the median of the rounds, and every round's
+        runs = times.get((row["scheduler"], row["precision"], row["recipe"]))
+        if runs:
+            row.update(step_seconds=statistics.median(runs), step_seconds_rounds=runs)
     record = {"benchmark": "cpu_scheduler", "commit": commit(), "hardware": hardware,
               "date": hardware["date"], "preset": args.preset, "flag": FLAG,
               "compiled_as": "plan (gclab.measure.plan_only_options), and with --timed to "
                              "run (XLA's default options); compilation cache off",
-              "repeats": args.repeats, "rows": rows}
+              "repeats": args.repeats, "rounds": args.rounds, "rows": rows}
     text = json.dumps(record, indent=1) + "\n"
     for out in ((args.out, OUTPUTS[1]) if args.out == OUTPUTS[0] else (args.out,)):
         write_text_atomic(out, text)  # whole: a run stopped before here leaves the old one

@@ -26,6 +26,7 @@ def scheduler(benchmarks):
                                                 "names of none"),
     (["--precisions", "f16"], "--precisions 'f16' is invalid"),
     (["--repeats", "0"], "--repeats 0 is invalid: an integer >= 1"),
+    (["--rounds", "0"], "--rounds 0 is invalid: an integer >= 1"),
     (["--preset", "nope"], "--preset: unknown preset 'nope'"),
 ])
 def test_bad_options_are_one_line_before_any_child(scheduler, monkeypatch, capsys, tmp_path,
@@ -64,3 +65,7 @@ def test_the_recording_holds_every_recipe_and_precision_under_both_settings(benc
                     for r in RECIPES}
     timed = [r for r in record["rows"] if "step_seconds" in r]
     assert timed and all(r["step_seconds"] > 0 for r in timed)
+    # Every timed row holds each round's median, and the median of those.
+    for r in timed:
+        assert len(r["step_seconds_rounds"]) == record["rounds"]
+        assert min(r["step_seconds_rounds"]) <= r["step_seconds"] <= max(r["step_seconds_rounds"])
