@@ -4,6 +4,9 @@ appendix reads."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -42,10 +45,20 @@ def test_bad_options_are_one_line_before_any_child(scheduler, monkeypatch, capsy
 def test_each_setting_runs_in_a_process_whose_flags_name_it(scheduler, monkeypatch, tmp_path):
     """A tiny step under both settings, for real: the flag reaches each child (the plans
     differ), the caller's other XLA flags stay, and the record names both settings."""
-    monkeypatch.setenv("XLA_FLAGS", f"{scheduler.FLAG}=true")  # replaced, not doubled
+    others = os.environ.get("XLA_FLAGS", "")  # the tests' own (tests/conftest.py)
+    monkeypatch.setenv("XLA_FLAGS", f"{others} {scheduler.FLAG}=true")  # replaced, not doubled
+    seen, real_run = [], subprocess.run
+
+    def run(cmd, **kwargs):
+        if cmd[:2] == [sys.executable, "-c"]:  # a child (git, for the commit, is not)
+            seen.append(kwargs["env"]["XLA_FLAGS"])
+        return real_run(cmd, **kwargs)
+
+    monkeypatch.setattr(scheduler.subprocess, "run", run)
     out = tmp_path / "record.json"
     assert scheduler.main(["--preset", "cpu-4x32", "--recipes", "lean", "--precisions", "f32",
                            "--timed", "", "--out", str(out)]) == 0
+    assert seen == [f"{others} {scheduler.FLAG}={v}".strip() for v in ("true", "false")]
     record = json.loads(out.read_text())
     assert record["flag"] == scheduler.FLAG and record["preset"] == "cpu-4x32"
     temps = {r["scheduler"]: r["temp_bytes"] for r in record["rows"]}
