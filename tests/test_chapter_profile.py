@@ -1,6 +1,5 @@
 """`benchmarks/chapter_profile.py`: counts compiles per cell; a bad option is one line."""
 
-import importlib.util
 import os
 from pathlib import Path
 
@@ -8,17 +7,16 @@ import nbformat
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-SCRIPT = ROOT / "benchmarks" / "chapter_profile.py"
 RESULTS = ROOT / "benchmarks" / "results"
 
 
-@pytest.fixture(scope="module")
-def chapter_profile():
-    """The script as a module: importing it starts neither JAX nor a kernel."""
-    spec = importlib.util.spec_from_file_location("chapter_profile", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+@pytest.fixture
+def chapter_profile(benchmarks):
+    """The script as a module, imported as the other benchmark tests import theirs (the
+    `benchmarks` fixture): importing it starts neither JAX nor a kernel."""
+    import chapter_profile
+
+    return chapter_profile
 
 
 def test_a_compiling_cell_is_counted_and_the_chapter_is_left_as_it_was(chapter_profile,
