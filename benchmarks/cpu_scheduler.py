@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -31,7 +32,7 @@ from children import child_env  # noqa: E402
 from fresh_clone import ROOT, commit  # noqa: E402
 from options import child_output, named  # noqa: E402
 
-from gclab.files import write_text_atomic  # noqa: E402
+from gclab.files import OutputPathError, check_output_path, write_text_atomic  # noqa: E402
 
 NAME = "cpu-scheduler-cpu"
 OUTPUTS = (ROOT / "benchmarks" / "results" / f"{NAME}.json",
@@ -46,17 +47,18 @@ from gclab.config import get_preset
 from gclab.measure import median_seconds
 from gclab.memory import get_recipe
 from gclab.sizing import StepSpec, compile_train_step
-preset, recipes, precisions, timed, repeats = (
+preset, recipes, precisions, timed, repeats, plans = (
     sys.argv[1], sys.argv[2].split(","), sys.argv[3].split(","),
-    set(filter(None, sys.argv[4].split(","))), int(sys.argv[5]))
+    set(filter(None, sys.argv[4].split(","))), int(sys.argv[5]), sys.argv[6] == "plans")
 p = get_preset(preset)
 for precision in precisions:
     for recipe in recipes:
         spec = StepSpec(p.model, p.task, get_recipe(recipe, precision))
-        plan = compile_train_step(spec)
-        row = {"recipe": recipe, "precision": precision, "temp_bytes": plan.memory.temp_bytes,
-               "total_bytes": plan.memory.total_bytes,
-               "compile_seconds": plan.memory.compile_seconds}
+        row = {"recipe": recipe, "precision": precision}
+        if plans:  # the first round's; a later one only times
+            plan = compile_train_step(spec)
+            row.update(temp_bytes=plan.memory.temp_bytes, total_bytes=plan.memory.total_bytes,
+                       compile_seconds=plan.memory.compile_seconds)
         if recipe in timed:
             live = compile_train_step(spec, live=True)
             row["live_temp_bytes"] = live.memory.temp_bytes
@@ -66,14 +68,16 @@ for precision in precisions:
 
 
 def run(setting: str, preset: str, recipes: list[str], precisions: list[str],
-        timed: list[str], repeats: int) -> list[dict]:
-    """The rows of one setting, from a fresh process."""
-    flags = " ".join(f for f in child_env().get("XLA_FLAGS", "").split()
+        timed: list[str], repeats: int, plans: bool = True) -> list[dict]:
+    """The rows of one setting, from a fresh process: each step's plan where `plans`, and
+    the step times of `timed`."""
+    flags = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split()
                      if not f.startswith(FLAG))  # the caller's other flags stay
     env = child_env(XLA_FLAGS=f"{flags} {FLAG}={SETTINGS[setting]}".strip(),
                     JAX_ENABLE_COMPILATION_CACHE="false", JAX_PLATFORMS="cpu")
     out = subprocess.run([sys.executable, "-c", _CHILD, preset, ",".join(recipes),
-                          ",".join(precisions), ",".join(timed), str(repeats)],
+                          ",".join(precisions), ",".join(timed), str(repeats),
+                          "plans" if plans else "times"],
                          capture_output=True, text=True, env=env, cwd=ROOT)
     stdout = child_output(out, "cpu_scheduler.py", f"scheduler {setting}")
     return [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
@@ -114,6 +118,12 @@ def main(argv: list[str] | None = None) -> int:
     for option, value in (("--repeats", args.repeats), ("--rounds", args.rounds)):
         if value < 1:
             parser.error(f"{option} {value} is invalid: an integer >= 1")
+    outputs = (args.out, OUTPUTS[1]) if args.out == OUTPUTS[0] else (args.out,)
+    try:  # before any child: a run must not end by failing to write its record
+        for out in outputs:
+            check_output_path(out, (".json",))
+    except OutputPathError as e:
+        parser.error(f"--out: {e}")
 
     from gclab.measure import machine
 
@@ -124,16 +134,17 @@ def main(argv: list[str] | None = None) -> int:
     for round_ in range(args.rounds if timed else 1):
         for setting in SETTINGS:
             for row in run(setting, args.preset, timed if round_ else recipes, precisions,
-                           timed, args.repeats):
+                           timed, args.repeats, plans=not round_):
                 key = setting, row["precision"], row["recipe"]
                 if "step_seconds" in row:
                     times.setdefault(key, []).append(round(row["step_seconds"], 4))
                 if not round_:
                     rows.append({"scheduler": setting, **row})
+                plan = (f"temp {row['temp_bytes'] / 2**20:9.2f} MiB  compile "
+                        f"{row['compile_seconds']:5.1f} s" if not round_ else "")
                 took = f"  step {row['step_seconds']:.3f} s" if "step_seconds" in row else ""
                 print(f"{round_ + 1} {setting:22s} {row['precision']:4s} {row['recipe']:9s} "
-                      f"temp {row['temp_bytes'] / 2**20:9.2f} MiB  compile "
-                      f"{row['compile_seconds']:5.1f} s{took}", flush=True)
+                      f"{plan}{took}", flush=True)
     for row in rows:  # the median of the rounds, and every round's
         runs = times.get((row["scheduler"], row["precision"], row["recipe"]))
         if runs:
@@ -144,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
                              "run (XLA's default options); compilation cache off",
               "repeats": args.repeats, "rounds": args.rounds, "rows": rows}
     text = json.dumps(record, indent=1) + "\n"
-    for out in ((args.out, OUTPUTS[1]) if args.out == OUTPUTS[0] else (args.out,)):
+    for out in outputs:
         write_text_atomic(out, text)  # whole: a run stopped before here leaves the old one
         print(f"wrote {out}")
     return 0

@@ -42,6 +42,20 @@ def test_bad_options_are_one_line_before_any_child(scheduler, monkeypatch, capsy
     assert not (tmp_path / "r.json").exists()
 
 
+@pytest.mark.parametrize("name, why", [("folder", "is a directory, not a file"),
+                                       ("record.txt", "the name must end in .json")])
+def test_an_out_that_cannot_take_the_record_is_one_line_before_any_child(
+        scheduler, monkeypatch, capsys, tmp_path, name, why):
+    (tmp_path / "folder").mkdir()
+    monkeypatch.setattr(scheduler, "run", lambda *a: pytest.fail("a child was started"))
+    with pytest.raises(SystemExit) as exit_:
+        scheduler.main(["--out", str(tmp_path / name)])
+    assert exit_.value.code == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error.endswith(f"error: --out: {tmp_path / name}: {why}"), error
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["folder"]
+
+
 def test_each_setting_runs_in_a_process_whose_flags_name_it(scheduler, monkeypatch, tmp_path):
     """A tiny step under both settings, for real: the flag reaches each child (the plans
     differ), the caller's other XLA flags stay, and the record names both settings."""
