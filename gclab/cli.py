@@ -58,6 +58,7 @@ from gclab.files import (
 )
 from gclab.geometry.graphs import load_or_build_graphs, save_graphs
 from gclab.measure.compiled import format_bytes
+from gclab.memory import CPU_SCHEDULERS, cpu_scheduler, use_cpu_scheduler
 from gclab.memory.config import (
     PRECISIONS,
     RECIPES,
@@ -577,6 +578,11 @@ def _add_step_args(g) -> None:
                    help="autoregressive steps T (default 1)")
     g.add_argument("--precision", type=_choice(PRECISIONS), default="f32",
                    help="f32 or bf16 (default f32)")
+    g.add_argument("--cpu-scheduler", type=_choice(tuple(CPU_SCHEDULERS)),
+                   help="XLA:CPU's instruction order: breadth-first (XLA's default: "
+                   "independent work side by side, for threads) or depth-first (one chain "
+                   "at a time: fewer bytes alive, as a rule; same instructions and results); "
+                   "default: as XLA_FLAGS say. Other backends schedule on their own")
 
 
 def _add_memory_args(p: argparse.ArgumentParser, *, several_recipes: bool = False) -> None:
@@ -727,6 +733,8 @@ def cmd_memory(args) -> int:
     record = {**compiled.memory.to_dict(), **spec.describe(), "technique": spec.technique(),
               "devices": layout.devices, "parallel": layout.spec,
               "collectives": compiled.collectives}
+    if record["backend"] == "cpu":  # the order XLA:CPU compiled it in (--cpu-scheduler)
+        record["cpu_scheduler"] = cpu_scheduler()
     if compiled.cannot_run is not None:  # its memory is still the compiled step's
         record["cannot_run"] = compiled.cannot_run
         print(f"gclab memory: warning: --parallel {_shown(args.parallel)}: this layout cannot "
@@ -742,7 +750,8 @@ def cmd_memory(args) -> int:
         keys += ("collective_bytes",)
     for key in keys:
         print(f"  {key:<16} {format_bytes(record[key]):>14}")
-    print(f"  backend {record['backend']}, compiled in {record['compile_seconds']:.1f} s")
+    order = f" ({record['cpu_scheduler']} scheduler)" if "cpu_scheduler" in record else ""
+    print(f"  backend {record['backend']}{order}, compiled in {record['compile_seconds']:.1f} s")
     return 0
 
 
@@ -1656,6 +1665,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _use_cpu_scheduler(name: str) -> None:
+    try:
+        use_cpu_scheduler(name)
+    except ValueError as e:  # JAX already started (`main` called in a process that ran JAX)
+        raise UsageError(f"--cpu-scheduler {name}: {str(e).split(': ', 1)[-1]}") from None
+
+
 def _check_backend() -> None:
     """Starts JAX's backend now, so that a bad `JAX_PLATFORMS` is one line, not a traceback."""
     try:
@@ -1745,6 +1761,8 @@ def _main(parser: argparse.ArgumentParser, argv: Optional[Sequence[str]]) -> int
     warnings.showwarning = _one_line_warnings(args.command)
     try:
         with _stdout_for_json_only(getattr(args, "json", False)):
+            if getattr(args, "cpu_scheduler", None):  # read by XLA when JAX starts
+                _use_cpu_scheduler(args.cpu_scheduler)
             if hasattr(args, "devices"):  # before JAX starts: simulated devices, processes
                 start_devices(args)
             if args.command != "graph":  # every other command runs JAX

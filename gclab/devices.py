@@ -274,3 +274,23 @@ def _classes() -> dict[str, DeviceClass]:
 
 #: Device classes, smallest first; each promises its card's usable memory at JAX's default.
 DEVICE_CLASSES: dict[str, DeviceClass] = _classes()
+
+
+def backends_started() -> bool:
+    """Whether JAX has started its backends in this process (after the first array or
+    device query), so that settings read at start (the CPU device count, ``XLA_FLAGS``)
+    can no longer change.
+
+    JAX has no public query for it; what it does expose is that its backend-start settings
+    (``jax_num_cpu_devices``) refuse a new value once the backends run. So this asks for a
+    different count and puts the old one back: nothing changes, whatever the answer.
+    """
+    import jax
+
+    now = jax.config.jax_num_cpu_devices
+    try:
+        jax.config.update("jax_num_cpu_devices", now + 1 if now > 0 else 1)
+    except RuntimeError:
+        return True
+    jax.config.update("jax_num_cpu_devices", now)
+    return False

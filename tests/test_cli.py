@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 
+import jax
 import pytest
 
 from gclab import cli
@@ -27,8 +28,11 @@ def test_graph_prints_counts_as_json(capsys):
 
 
 def test_memory_reports_compiled_bytes(capsys):
-    assert cli.main(["memory", *TINY_NET, "--recipe", "lean", "--json"]) == 0
+    # This process runs XLA:CPU's default order, which --cpu-scheduler may name again.
+    assert cli.main(["memory", *TINY_NET, "--recipe", "lean", "--json",
+                     "--cpu-scheduler", "breadth-first"]) == 0
     record = json.loads(capsys.readouterr().out)
+    assert record["cpu_scheduler"] == "breadth-first"
     assert record["temp_bytes"] > 0
     assert record["total_bytes"] == (record["argument_bytes"] + record["output_bytes"]
                                      + record["temp_bytes"] - record["alias_bytes"])
@@ -105,6 +109,8 @@ def test_plan_json_that_nothing_fits_is_still_a_report(capsys):
 @pytest.mark.parametrize("argv, words", [
     (["graph", "--preset", "cpu-4x32", *TINY], "not both"),
     (["graph", "--resolution", "6"], "--mesh-splits"),
+    (["memory", *TINY_NET, "--cpu-scheduler", "fast"],
+     "--cpu-scheduler fast: one of breadth-first, depth-first"),
 ])
 def test_bad_input_is_one_line_and_exit_2(argv, words, capsys):
     assert cli.main(argv) == 2
@@ -118,6 +124,22 @@ def test_module_entry_point_runs():
                           text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "grid2mesh" in proc.stdout
+
+
+def test_another_order_than_a_started_process_runs_is_one_line(capsys):
+    jax.devices()  # JAX starts here, and XLA reads the order once, now: breadth-first
+    assert cli.main(["memory", *TINY_NET, "--cpu-scheduler", "depth-first"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("gclab memory: error: --cpu-scheduler depth-first: JAX has already "
+                          "started with the breadth-first scheduler") and "\n" not in err
+
+
+def test_a_fresh_process_compiles_in_the_order_cpu_scheduler_names():
+    proc = subprocess.run([sys.executable, "-m", "gclab", "memory", *TINY_NET, "--json",
+                           "--cpu-scheduler", "depth-first"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["cpu_scheduler"] == "depth-first"
 
 
 def test_weights_an_update_makes_infinite_are_not_saved(tmp_path, capsys):

@@ -9,6 +9,7 @@ parameter trees, so they serve any graph network.
 | `remat` | checkpointing of scanned steps (step, every:k, nested:k, ratio:r) and of stages |
 | `blocks` | message passing over checkpointed blocks of edges |
 | `precision` | the compute dtype, parameter casts, float32 aggregation |
+| `schedule` | XLA:CPU's instruction order (`use_cpu_scheduler`), chosen before JAX starts |
 """
 
 from gclab.memory.blocks import balanced_block, blocked_edge_update, blocked_sum, split_blocks
@@ -36,12 +37,14 @@ from gclab.memory.remat import (
     stage_checkpoint,
     step_scope,
 )
+from gclab.memory.schedule import CPU_SCHEDULERS, cpu_scheduler, use_cpu_scheduler
 
 __all__ = [
-    "AGGREGATED_MESSAGES", "FULL_MESH2GRID_EDGES", "LEAN_EDGE_BLOCK", "NODE_LATENTS",
-    "PRECISIONS", "RECIPES", "RECIPE_EDGE_BLOCK", "REMAT_KINDS", "REMAT_POLICIES",
-    "REMAT_SPEC_HELP", "STEP_SCOPE_PREFIX",
+    "AGGREGATED_MESSAGES", "CPU_SCHEDULERS", "FULL_MESH2GRID_EDGES", "LEAN_EDGE_BLOCK",
+    "NODE_LATENTS", "PRECISIONS", "RECIPES", "RECIPE_EDGE_BLOCK", "REMAT_KINDS",
+    "REMAT_POLICIES", "REMAT_SPEC_HELP", "STEP_SCOPE_PREFIX",
     "MemoryConfig", "aggregate", "balanced_block", "blocked_edge_update", "blocked_sum",
-    "cast_tree", "compute_dtype", "get_recipe", "parse_remat_spec", "remat_policy",
-    "scaled_edge_block", "scan_steps", "split_blocks", "stage_checkpoint", "step_scope",
+    "cast_tree", "compute_dtype", "cpu_scheduler", "get_recipe", "parse_remat_spec",
+    "remat_policy", "scaled_edge_block", "scan_steps", "split_blocks", "stage_checkpoint",
+    "step_scope", "use_cpu_scheduler",
 ]

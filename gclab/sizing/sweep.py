@@ -114,8 +114,10 @@ def versions() -> dict:
 
 
 def cache_key(spec: StepSpec, measure: str, repeats: int = 3) -> str:
-    """A hex digest of the spec, the measure kind, the backend and the versions."""
-    payload = {"spec": spec.to_json(), "measure": measure, "versions": versions()}
+    """A hex digest of the spec, the measure kind, the backend, the versions and
+    ``XLA_FLAGS`` (which change what XLA compiles: its scheduler, say, `use_cpu_scheduler`)."""
+    payload = {"spec": spec.to_json(), "measure": measure, "versions": versions(),
+               "xla_flags": sorted(os.environ.get("XLA_FLAGS", "").split())}
     if measure != "compiled":
         payload["repeats"] = repeats
     text = json.dumps(payload, sort_keys=True, default=str)
