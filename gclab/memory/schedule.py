@@ -8,8 +8,8 @@ default); with the option off, XLA walks it depth-first, finishing one chain of 
 it starts the next, which usually keeps fewer values alive. The instructions and their
 results are the same; only the order changes. Measured (``benchmarks/cpu_scheduler.py``):
 at cpu-8x128 every recipe needs less temp depth-first, `lean` about half; on a much smaller
-model `none` and `per-step` needed a few percent more, so compare the two for the step at
-hand (``gclab memory --cpu-scheduler ...``).
+model (10 deg, 5 x 16) `none` and `per-step` needed 4% and 10% more, so compare the two for
+the step at hand (``gclab memory --cpu-scheduler ...``, each in its own process).
 
 XLA reads the option once, when JAX starts its CPU backend, not per compile: so it is set in
 ``XLA_FLAGS`` before the first JAX operation (`use_cpu_scheduler`, or ``gclab ...
