@@ -11,7 +11,8 @@ with ``--timed``, those recipes are also compiled to run (XLA's default options)
 the median of ``--repeats`` steps after one untimed in each process, and the median of
 ``--rounds`` such processes per setting, the settings alternating. Writes
 ``benchmarks/results/cpu-scheduler-cpu.json`` and the copy the appendix reads,
-``gclab/recordings/cpu-scheduler-cpu.json``.
+``gclab/recordings/cpu-scheduler-cpu.json``. The option off is what gclab's switch
+`gclab.memory.use_cpu_scheduler("depth-first")` (``--cpu-scheduler depth-first``) sets.
 
     python benchmarks/cpu_scheduler.py                      # cpu-8x128, every recipe, both
     python benchmarks/cpu_scheduler.py --preset cpu-4x32 --recipes none --timed none
@@ -33,11 +34,12 @@ from fresh_clone import ROOT, commit  # noqa: E402
 from options import child_output, named  # noqa: E402
 
 from gclab.files import OutputPathError, check_output_path, write_text_atomic  # noqa: E402
+from gclab.memory.schedule import CPU_SCHEDULER_FLAG  # noqa: E402
 
 NAME = "cpu-scheduler-cpu"
 OUTPUTS = (ROOT / "benchmarks" / "results" / f"{NAME}.json",
            ROOT / "gclab" / "recordings" / f"{NAME}.json")  # the appendix reads this copy
-FLAG = "--xla_cpu_enable_concurrency_optimized_scheduler"
+FLAG = CPU_SCHEDULER_FLAG
 SETTINGS = {"concurrency-optimized": "true", "off": "false"}  # XLA's default first
 
 # Runs in a fresh process whose XLA_FLAGS name the setting: one JSON line per step.
