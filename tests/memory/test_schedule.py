@@ -97,3 +97,23 @@ def test_a_started_process_keeps_its_order_and_says_so():
     for bad in ("memory", "", None, 1):
         with pytest.raises(ValueError, match="is invalid: one of " + ", ".join(CPU_SCHEDULERS)):
             use_cpu_scheduler(bad)
+
+
+def test_a_sweep_row_is_cached_apart_for_each_order(monkeypatch):
+    """`gclab sweep`'s row cache keys on XLA_FLAGS: a row compiled in one order is not read
+    back for the other."""
+    from gclab.config import get_preset
+    from gclab.sizing import StepSpec
+    from gclab.sizing.sweep import cache_key
+
+    preset = get_preset("cpu-4x32")
+    spec = StepSpec(preset.model, preset.task, get_recipe("lean"))
+    keys = {}
+    for name, value in CPU_SCHEDULERS.items():
+        monkeypatch.setenv("XLA_FLAGS", f"--xla_backend_optimization_level=0 "
+                                        f"{CPU_SCHEDULER_FLAG}={value}")
+        keys[name] = cache_key(spec, "compiled")
+    assert keys["breadth-first"] != keys["depth-first"]
+    monkeypatch.setenv("XLA_FLAGS", f"{CPU_SCHEDULER_FLAG}=false "
+                                    "--xla_backend_optimization_level=0")
+    assert cache_key(spec, "compiled") == keys["depth-first"]  # in any order of the flags
