@@ -34,13 +34,14 @@ from fresh_clone import ROOT, commit  # noqa: E402
 from options import child_output, named  # noqa: E402
 
 from gclab.files import OutputPathError, check_output_path, write_text_atomic  # noqa: E402
-from gclab.memory.schedule import CPU_SCHEDULER_FLAG  # noqa: E402
+from gclab.memory.schedule import CPU_SCHEDULER_FLAG, cpu_scheduler_flags  # noqa: E402
 
 NAME = "cpu-scheduler-cpu"
 OUTPUTS = (ROOT / "benchmarks" / "results" / f"{NAME}.json",
            ROOT / "gclab" / "recordings" / f"{NAME}.json")  # the appendix reads this copy
 FLAG = CPU_SCHEDULER_FLAG
-SETTINGS = {"concurrency-optimized": "true", "off": "false"}  # XLA's default first
+# The record's names for the option's two values, and gclab's for the order each gives.
+SETTINGS = {"concurrency-optimized": "breadth-first", "off": "depth-first"}  # XLA's default first
 
 # Runs in a fresh process whose XLA_FLAGS name the setting: one JSON line per step.
 _CHILD = r"""
@@ -73,9 +74,8 @@ def run(setting: str, preset: str, recipes: list[str], precisions: list[str],
         timed: list[str], repeats: int, plans: bool = True) -> list[dict]:
     """The rows of one setting, from a fresh process: each step's plan where `plans`, and
     the step times of `timed`."""
-    flags = " ".join(f for f in os.environ.get("XLA_FLAGS", "").split()
-                     if not f.startswith(FLAG))  # the caller's other flags stay
-    env = child_env(XLA_FLAGS=f"{flags} {FLAG}={SETTINGS[setting]}".strip(),
+    flags = cpu_scheduler_flags(SETTINGS[setting], os.environ.get("XLA_FLAGS", ""))
+    env = child_env(XLA_FLAGS=flags,  # the caller's other flags stay
                     JAX_ENABLE_COMPILATION_CACHE="false", JAX_PLATFORMS="cpu")
     out = subprocess.run([sys.executable, "-c", _CHILD, preset, ",".join(recipes),
                           ",".join(precisions), ",".join(timed), str(repeats),

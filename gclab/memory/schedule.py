@@ -37,6 +37,25 @@ def cpu_scheduler() -> str:
     return "depth-first" if off else "breadth-first"
 
 
+def _check_name(name: object) -> None:
+    if not isinstance(name, str) or name not in CPU_SCHEDULERS:
+        raise ValueError(f"cpu scheduler {name!r} is invalid: one of "
+                         f"{', '.join(CPU_SCHEDULERS)}")
+
+
+def cpu_scheduler_flags(name: str, flags: str = "") -> str:
+    """`flags` (a value of ``XLA_FLAGS``) with XLA:CPU's scheduler set to `name`: any
+    setting of the flag there replaced, every other flag kept in its place. For a process
+    yet to start (`use_cpu_scheduler` sets this process's own).
+
+    Raises:
+      ValueError: an unknown name.
+    """
+    _check_name(name)
+    kept = [f for f in flags.split() if not f.startswith(CPU_SCHEDULER_FLAG)]
+    return " ".join([*kept, f"{CPU_SCHEDULER_FLAG}={CPU_SCHEDULERS[name]}"])
+
+
 def use_cpu_scheduler(name: str) -> None:
     """Chooses XLA:CPU's scheduler for this process: call it before the first JAX operation.
 
@@ -52,15 +71,11 @@ def use_cpu_scheduler(name: str) -> None:
       ValueError: an unknown name, or JAX has already started its backends under the other
         setting (XLA read the flag then; choose it in a fresh process).
     """
-    if not isinstance(name, str) or name not in CPU_SCHEDULERS:
-        raise ValueError(f"cpu scheduler {name!r} is invalid: one of "
-                         f"{', '.join(CPU_SCHEDULERS)}")
+    _check_name(name)
     if cpu_scheduler() == name:
         return
     if backends_started():
         raise ValueError(f"cpu scheduler {name}: JAX has already started with the "
                          f"{cpu_scheduler()} scheduler, and XLA reads the setting only then "
                          "(choose it before the first JAX operation, in a fresh process)")
-    kept = [f for f in os.environ.get("XLA_FLAGS", "").split()
-            if not f.startswith(CPU_SCHEDULER_FLAG)]
-    os.environ["XLA_FLAGS"] = " ".join([*kept, f"{CPU_SCHEDULER_FLAG}={CPU_SCHEDULERS[name]}"])
+    os.environ["XLA_FLAGS"] = cpu_scheduler_flags(name, os.environ.get("XLA_FLAGS", ""))
