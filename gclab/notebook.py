@@ -680,18 +680,41 @@ def gpu_recording(chapter: str, scale: Scale, data_dir: Optional[Path] = None, *
     if record is None:
         return None
     hw = record["hardware"]
+    # Every cell a string, as `planned_and_measured_table` writes them: a ratio to 2 digits,
+    # a time in seconds, "n/a" where the card measured nothing (never a NaN).
     rows = [{"configuration": r["label"], "plan": _format(r.get("plan_bytes")),
              "measured peak": _format(r.get("peak_bytes")),
-             "measured / plan": r.get("measured_over_plan"),
-             "step seconds": r.get("step_seconds"), "on the card": _on_the_card(r)}
+             "measured / plan": _or_na(r.get("measured_over_plan"), "{:.2f}"),
+             "step time": _or_na(r.get("step_seconds"), "{:.3f} s"),
+             "on the card": _on_the_card(r)}
             for r in record["rows"]]
     elsewhere = (f"at scale {record['scale']}, not this chapter's {scale.name}: "
                  if record["scale"] != scale.name else "")
-    title = (f"{elsewhere}recorded on {hw['device']} ({hw.get('backend')}), {record['date']}, "
+    title = (f"{elsewhere}recorded on {hw['device']} ({hw.get('backend')}), "
+             f"{_minute(record['date'])}, "
              f"jax {hw.get('jax')}, gclab commit {str(hw.get('commit'))[:12]}"
              + (" (incomplete: the run stopped before its last configuration)"
                 if record.get("complete") is False else ""))
     return title, pd.DataFrame(rows)
+
+
+def _or_na(value, spec: str) -> str:
+    """`value` formatted by `spec`, or "n/a" where it is missing (None or NaN)."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "n/a"
+    return spec.format(value)
+
+
+def _minute(date: str) -> str:
+    """A recording's ISO date with its time zone, to the minute in UTC (as
+    `hardware_report` writes dates); any other date is shown as written."""
+    try:
+        when = datetime.datetime.fromisoformat(str(date))
+    except ValueError:
+        return str(date)
+    if when.tzinfo is None:  # a day only, or a time in no stated zone: nothing to convert
+        return str(date)
+    return when.astimezone(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
 
 
 def _on_the_card(row: Mapping) -> str:

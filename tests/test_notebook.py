@@ -182,8 +182,26 @@ def test_gpu_recordings_are_shown_with_hardware_date_and_ratio(tmp_path):
     assert title.startswith("recorded on NVIDIA H100 80GB HBM3 (gpu), 2026-11-24")
     assert "commit 0123456789ab" in title
     assert list(table["configuration"]) == ["lean", "none"]
-    assert table["measured peak"][0] == "11.00 GiB" and table["measured / plan"][0] == 1.1
-    assert table["measured peak"][1] == "n/a" and "does not fit" in table["on the card"][1]
+    assert table["measured peak"][0] == "11.00 GiB" and table["measured / plan"][0] == "1.10"
+    assert table["step time"][0] == "2.500 s"
+    # Nothing measured: "n/a" in every measured column, never a NaN on the page.
+    assert (table.loc[1, ["measured peak", "measured / plan", "step time"]] == "n/a").all()
+    assert "does not fit" in table["on the card"][1]
+    assert "2026-11-24 01:00 UTC" in title  # the recording's ISO date, to the minute
+
+
+@pytest.mark.parametrize("date, shown", [("2026-11-28T03:54:13+02:00", "2026-11-28 01:54 UTC"),
+                                         ("2026-11-28", "2026-11-28"),  # no zone to convert
+                                         ("last Tuesday", "last Tuesday")])
+def test_a_gpu_recording_s_date_is_shown_in_utc_and_any_other_as_written(tmp_path, date, shown):
+    from gclab.notebook import gpu_recording
+
+    record = {"hardware": {"device": "card", "backend": "gpu", "jax": "0.11.2", "commit": "0"},
+              "date": date, "scale": "80GB",
+              "rows": [{"chapter": "03", "label": "lean", "plan_bytes": 2**30}]}
+    (tmp_path / "gpu-80GB-chapter-03.json").write_text(json.dumps(record))
+    title, _ = gpu_recording("03", SCALE_TABLE["80GB"], tmp_path)
+    assert title.startswith(f"recorded on card (gpu), {shown}, jax 0.11.2"), title
 
 
 def test_a_gpu_recording_of_another_scale_is_shown_only_when_asked_and_named(tmp_path):
