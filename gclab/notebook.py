@@ -57,6 +57,8 @@ SCALE_ENV = "GCLAB_SCALE"
 DATA_DIR = output_dir()
 #: Characters of a printed line that a rendered page of the book shows without scrolling.
 PAGE_WIDTH = 76
+# How the pages write a date: to the minute, in UTC (the hardware report, recordings).
+_MINUTE_UTC = "%Y-%m-%d %H:%M UTC"
 
 
 class HardwareReport(dict):
@@ -101,7 +103,7 @@ def hardware_report() -> HardwareReport:
         "platform": platform.platform(),
         "versions": f"jax {jax.__version__}, jaxlib {jaxlib.__version__}, "
                     f"haiku {haiku.__version__}, gclab {gclab.__version__}",
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime(_MINUTE_UTC),
         # The compiler's settings where the caller changed them (they change what it plans).
         **({"XLA flags": flags} if (flags := os.environ.get("XLA_FLAGS", "").strip()) else {}),
     })
@@ -706,15 +708,15 @@ def _or_na(value, spec: str) -> str:
 
 
 def _minute(date: str) -> str:
-    """A recording's ISO date with its time zone, to the minute in UTC (as
-    `hardware_report` writes dates); any other date is shown as written."""
+    """A recording's ISO date with its time zone, as `hardware_report` writes dates
+    (`_MINUTE_UTC`); any other date is shown as written."""
     try:
         when = datetime.datetime.fromisoformat(str(date))
     except ValueError:
         return str(date)
     if when.tzinfo is None:  # a day only, or a time in no stated zone: nothing to convert
         return str(date)
-    return when.astimezone(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    return when.astimezone(datetime.timezone.utc).strftime(_MINUTE_UTC)
 
 
 def _on_the_card(row: Mapping) -> str:
